@@ -1,0 +1,147 @@
+// The backend kernel table: what each device (cpu/, cuda/) implements. The op
+// front-ends (core/native/*.cpp) validate, pick output dtype and shape, build an
+// ElementwiseIter / argument struct, and call these. Kernels trust their inputs.
+// Not installed: users never see this header.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace tg::backend {
+
+// The one list of elementwise ops. Columns: name, number of tensor inputs.
+// Params (dparams / iparams of the iter) are noted per op.
+#define TG_ELEMENTWISE_OPS(_)                                                          \
+  /* nullary */                                                                        \
+  _(Fill, 0)           /* out = p0 */                                                  \
+  /* unary: out dtype == input dtype unless noted */                                   \
+  _(Copy, 1)           /* out = cast<out dtype>(in); the only op with free dtypes */   \
+  _(Neg, 1)                                                                            \
+  _(Exp, 1)            /* float types only (front-end promotes ints) */                \
+  _(Log, 1)                                                                            \
+  _(Sqrt, 1)                                                                           \
+  _(Abs, 1)                                                                            \
+  _(Relu, 1)                                                                           \
+  _(Sigmoid, 1)                                                                        \
+  _(Tanh, 1)                                                                           \
+  _(Gelu, 1)           /* exact: x * 0.5 * (1 + erf(x / sqrt 2)) */                    \
+  _(PowScalar, 1)      /* in ^ p0 */                                                   \
+  _(Clamp, 1)          /* min(max(in, p0), p1) */                                      \
+  _(AddScalar, 1)      /* in + p0 */                                                   \
+  _(RSubScalar, 1)     /* p0 - in */                                                   \
+  _(MulScalar, 1)      /* in * p0 */                                                   \
+  _(DivScalar, 1)      /* in / p0 */                                                   \
+  _(RDivScalar, 1)     /* p0 / in */                                                   \
+  _(EqScalar, 1)       /* bool out */                                                  \
+  _(NeScalar, 1)                                                                       \
+  _(LtScalar, 1)                                                                       \
+  _(LeScalar, 1)                                                                       \
+  _(GtScalar, 1)                                                                       \
+  _(GeScalar, 1)                                                                       \
+  /* binary: both inputs share one dtype */                                            \
+  _(Add, 2)            /* a + p0 * b (p0 = alpha) */                                   \
+  _(Sub, 2)            /* a - p0 * b */                                                \
+  _(Mul, 2)                                                                            \
+  _(Div, 2)                                                                            \
+  _(Pow, 2)                                                                            \
+  _(Maximum, 2)                                                                        \
+  _(Minimum, 2)                                                                        \
+  _(Eq, 2)             /* bool out */                                                  \
+  _(Ne, 2)                                                                             \
+  _(Lt, 2)                                                                             \
+  _(Le, 2)                                                                             \
+  _(Gt, 2)                                                                             \
+  _(Ge, 2)                                                                             \
+  /* fused backward helpers, (grad, saved) -> grad_in */                              \
+  _(ReluBackward, 2)     /* x > 0 ? g : 0 */                                           \
+  _(GeluBackward, 2)     /* g * d/dx gelu(x) */                                        \
+  _(SigmoidBackward, 2)  /* g * y * (1 - y), y = sigmoid output */                     \
+  _(TanhBackward, 2)     /* g * (1 - y * y), y = tanh output */                        \
+  _(ClampBackward, 2)    /* p0 <= x <= p1 ? g : 0 */                                   \
+  _(AbsBackward, 2)      /* g * sign(x) */                                             \
+  _(PowScalarBackward, 2) /* g * p0 * x^(p0 - 1); 0 where p0 == 0 */                   \
+  /* ternary */                                                                        \
+  _(Where, 3)          /* cond (bool) ? a : b */
+
+enum class ElemOp : int8_t {
+#define TG_ELEM_ENUM(name, n) name,
+  TG_ELEMENTWISE_OPS(TG_ELEM_ENUM)
+#undef TG_ELEM_ENUM
+};
+int elem_op_arity(ElemOp op);
+const char* elem_op_name(ElemOp op);
+
+inline constexpr int kMaxDims = 16;
+inline constexpr int kMaxOperands = 4;  // 1 output + up to 3 inputs
+
+// The geometry of one elementwise launch, computed once by the front-end
+// (broadcast strides, adjacent dims coalesced). Operand 0 is the output.
+// Dims are row-major: shape[ndim - 1] is the innermost (fastest) dim.
+struct ElementwiseIter {
+  int ndim = 0;
+  int noperands = 0;
+  int64_t numel = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t strides[kMaxOperands][kMaxDims] = {};  // in elements; 0 on broadcast dims
+  char* data[kMaxOperands] = {};                 // with storage offset applied
+  DType dtypes[kMaxOperands] = {};
+  bool contiguous = false;  // every operand dense with the same layout (ndim <= 1, unit strides)
+  double dparams[2] = {0, 0};
+  int64_t iparams[2] = {0, 0};
+  Device device;
+};
+
+enum class ReduceOp : int8_t { Sum, Mean, Var, Std, Max, Min, ArgMax };
+
+// out has in's shape with every reduced dim of size 1 (keepdim form), contiguous,
+// already allocated with the output dtype. dims are sorted, unique, in range and
+// non-empty; in.numel() may be 0 (then out gets the op's identity / NaN).
+// Sum / Mean / Var / Std accumulate in float (double for float64; int64 for ints).
+struct ReduceArgs {
+  ReduceOp op;
+  Tensor in;
+  Tensor out;
+  std::vector<int64_t> dims;
+  int64_t correction = 1;  // Var / Std
+};
+
+// C[b] = A[b] @ B[b] in row-major terms, all of one floating dtype.
+// A is m x k: element (i, p) at a + i * lda + p when !trans_a, at a + p * lda + i when trans_a.
+// Likewise B (k x n) with ldb; C (m x n) is dense row-major with ldc = n.
+struct GemmArgs {
+  DType dtype;
+  int64_t m, n, k, batch;
+  const void* a;
+  const void* b;
+  void* c;
+  bool trans_a, trans_b;
+  int64_t lda, ldb, ldc;
+  int64_t stride_a, stride_b, stride_c;  // batch strides in elements (0 = broadcast)
+  Device device;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual void elementwise(ElemOp op, const ElementwiseIter& it) = 0;
+  virtual void reduce(const ReduceArgs& args) = 0;
+  virtual void gemm(const GemmArgs& args) = 0;
+  // Philox-based fills of a contiguous floating tensor: element i uses counter (offset + i).
+  virtual void uniform(const Tensor& out, uint64_t seed, uint64_t offset, double lo, double hi) = 0;
+  virtual void normal(const Tensor& out, uint64_t seed, uint64_t offset, double mean, double std) = 0;
+  // out: contiguous int64 or int32 of size n, a uniformly random permutation.
+  virtual void randperm(const Tensor& out, uint64_t seed, uint64_t offset) = 0;
+  // out: contiguous; out[i] = start + i * step.
+  virtual void arange(const Tensor& out, double start, double step) = 0;
+  // out: contiguous, shape of in with dim replaced by index.numel(); index: contiguous
+  // int64 or int32 on the same device, already validated in range.
+  virtual void index_select(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index) = 0;
+};
+
+Backend& get(DeviceType type);
+Backend& cpu();
+Backend* cuda();  // null when built without CUDA
+
+}  // namespace tg::backend

@@ -1,0 +1,75 @@
+// Internal CUDA runtime helpers shared by the front-ends and the CUDA kernels:
+// checked calls, per-thread current streams, the caching allocators, and
+// host<->device copies. Compiled only with TG_CUDA.
+#pragma once
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <string>
+
+#include "core/error.h"
+#include "core/storage.h"
+
+namespace tg::cuda::detail {
+
+[[noreturn]] void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line);
+[[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* call, const char* file, int line);
+
+}  // namespace tg::cuda::detail
+
+// Every CUDA runtime / cuBLAS status is checked and becomes a tg::Error naming the call.
+#define TG_CUDA_CHECK(expr)                                                              \
+  do {                                                                                   \
+    cudaError_t tg_err_ = (expr);                                                        \
+    if (tg_err_ != cudaSuccess) [[unlikely]]                                             \
+      ::tg::cuda::detail::throw_cuda_error(tg_err_, #expr, __FILE__, __LINE__);          \
+  } while (0)
+#define TG_CUBLAS_CHECK(expr)                                                            \
+  do {                                                                                   \
+    cublasStatus_t tg_st_ = (expr);                                                      \
+    if (tg_st_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                                    \
+      ::tg::cuda::detail::throw_cublas_error(tg_st_, #expr, __FILE__, __LINE__);         \
+  } while (0)
+// After every kernel launch.
+#define TG_CUDA_CHECK_LAUNCH() TG_CUDA_CHECK(cudaGetLastError())
+
+namespace tg::cuda::detail {
+
+// Ensures the device is current for a scope (cheap when it already is).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_;
+};
+
+cudaStream_t current_stream_handle(int device);
+
+// Stream-aware caching device allocator (one per device).
+DataPtr device_allocate(size_t nbytes, int device);
+// Record that a block is used on another stream (so it is not reused before that work ends).
+void record_stream(const DataPtr& ptr, cudaStream_t stream);
+
+// Caching host allocator: pinned memory when a GPU is present (so copies run at
+// DMA speed), plain aligned memory otherwise; freed blocks are reused.
+DataPtr host_allocate(size_t nbytes);
+bool is_pinned(const void* ptr);
+
+// Contiguous byte copies on the current stream of `device`. Copies into or out
+// of pageable memory go through pinned staging buffers in chunks, overlapping
+// the DMA with the host memcpy. Blocking unless non_blocking and pinned.
+void copy_h2d(void* dst, const void* src, size_t nbytes, int device, bool non_blocking = false);
+void copy_d2h(void* dst, const void* src, size_t nbytes, int device, bool non_blocking = false);
+void copy_d2d(void* dst, int dst_device, const void* src, int src_device, size_t nbytes);
+
+cublasHandle_t cublas_handle(int device);       // bound to the current stream
+cublasLtHandle_t cublaslt_handle(int device);
+void* cublas_workspace(int device, size_t* nbytes);  // per device/stream workspace
+
+}  // namespace tg::cuda::detail

@@ -1,0 +1,145 @@
+// The public ops: factories and every op the Tensor methods forward to. Each is
+// a front-end (autograd/functions/*.cpp) that records the autograd node around
+// the backend-independent native op (core/native.h).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tg {
+
+// ---- factories
+Tensor empty(Shape sizes, TensorOptions options = {});
+Tensor zeros(Shape sizes, TensorOptions options = {});
+Tensor ones(Shape sizes, TensorOptions options = {});
+Tensor full(Shape sizes, Scalar value, TensorOptions options = {});
+Tensor rand(Shape sizes, TensorOptions options = {});   // U[0, 1)
+Tensor randn(Shape sizes, TensorOptions options = {});  // N(0, 1)
+Tensor arange(int64_t end, TensorOptions options = kInt64);
+Tensor arange(Scalar start, Scalar end, Scalar step = 1, TensorOptions options = {});
+Tensor randperm(int64_t n, TensorOptions options = kInt64);
+Tensor empty_like(const Tensor& t, TensorOptions options);
+Tensor empty_like(const Tensor& t);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor full_like(const Tensor& t, Scalar value);
+Tensor rand_like(const Tensor& t);
+Tensor randn_like(const Tensor& t);
+void manual_seed(uint64_t seed);
+
+// Copies host values into a new tensor (dtype from T unless options says otherwise).
+Tensor tensor_from_host(const void* data, DType src_dtype, Shape sizes, TensorOptions options);
+template <typename T>
+Tensor tensor(const std::vector<T>& values, Shape sizes, TensorOptions options = {}) {
+  TG_CHECK(static_cast<int64_t>(values.size()) == sizes.numel(), "tensor: ", values.size(), " values do not fill shape ",
+           sizes);
+  if constexpr (std::is_same_v<T, bool>) {
+    std::vector<uint8_t> bytes(values.begin(), values.end());
+    return tensor_from_host(bytes.data(), kBool, std::move(sizes), options);
+  } else {
+    return tensor_from_host(values.data(), dtype_of<T>, std::move(sizes), options);
+  }
+}
+template <typename T>
+Tensor tensor(const std::vector<T>& values, TensorOptions options = {}) {
+  return tensor(values, Shape{static_cast<int64_t>(values.size())}, options);
+}
+// Wraps memory the caller owns; no copy. The memory must outlive the tensor.
+Tensor from_blob(void* data, Shape sizes, TensorOptions options = {});
+// Same, with explicit strides (elements) and a deleter called once when the last view dies.
+Tensor from_blob(void* data, Shape sizes, Shape strides, DataPtr::Deleter deleter, void* deleter_ctx,
+                 TensorOptions options = {});
+
+// ---- elementwise (broadcasting, PyTorch type promotion)
+Tensor add(const Tensor& a, const Tensor& b, Scalar alpha = 1);
+Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha = 1);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, Scalar b);
+Tensor sub(const Tensor& a, Scalar b);
+Tensor rsub(const Tensor& a, Scalar b);  // b - a
+Tensor mul(const Tensor& a, Scalar b);
+Tensor div(const Tensor& a, Scalar b);
+Tensor rdiv(const Tensor& a, Scalar b);  // b / a
+Tensor neg(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor abs(const Tensor& a);
+Tensor relu(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor gelu(const Tensor& a);  // exact (erf) form, as torch's default
+Tensor pow(const Tensor& a, Scalar exponent);
+Tensor pow(const Tensor& a, const Tensor& exponent);
+Tensor clamp(const Tensor& a, Scalar lo, Scalar hi);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+
+// ---- reductions
+Tensor sum(const Tensor& a, DimList dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& a, DimList dims = {}, bool keepdim = false);
+Tensor var(const Tensor& a, DimList dims = {}, bool keepdim = false, int64_t correction = 1);
+Tensor std(const Tensor& a, DimList dims = {}, bool keepdim = false, int64_t correction = 1);
+Tensor amax(const Tensor& a, DimList dims = {}, bool keepdim = false);
+Tensor amin(const Tensor& a, DimList dims = {}, bool keepdim = false);
+Tensor argmax(const Tensor& a, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+
+// ---- linear algebra
+Tensor matmul(const Tensor& a, const Tensor& b);
+// TF32 for float32 matmuls on CUDA (default false, as PyTorch).
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+// ---- views and copies (free-function spellings of the Tensor methods)
+Tensor transpose(const Tensor& a, int64_t d0, int64_t d1);
+Tensor permute(const Tensor& a, Shape dims);
+Tensor reshape(const Tensor& a, Shape shape);
+Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+
+// ---- operators
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator+(const Tensor& a, Scalar b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, Scalar b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, Scalar b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, Scalar b) { return div(a, b); }
+inline Tensor operator+(Scalar a, const Tensor& b) { return add(b, a); }
+inline Tensor operator-(Scalar a, const Tensor& b) { return rsub(b, a); }
+inline Tensor operator*(Scalar a, const Tensor& b) { return mul(b, a); }
+inline Tensor operator/(Scalar a, const Tensor& b) { return rdiv(b, a); }
+inline Tensor operator-(const Tensor& a) { return neg(a); }
+inline Tensor operator==(const Tensor& a, const Tensor& b) { return eq(a, b); }
+inline Tensor operator!=(const Tensor& a, const Tensor& b) { return ne(a, b); }
+inline Tensor operator<(const Tensor& a, const Tensor& b) { return lt(a, b); }
+inline Tensor operator<=(const Tensor& a, const Tensor& b) { return le(a, b); }
+inline Tensor operator>(const Tensor& a, const Tensor& b) { return gt(a, b); }
+inline Tensor operator>=(const Tensor& a, const Tensor& b) { return ge(a, b); }
+inline Tensor operator==(const Tensor& a, Scalar b) { return a.eq(b); }
+inline Tensor operator!=(const Tensor& a, Scalar b) { return a.ne(b); }
+inline Tensor operator<(const Tensor& a, Scalar b) { return a.lt(b); }
+inline Tensor operator<=(const Tensor& a, Scalar b) { return a.le(b); }
+inline Tensor operator>(const Tensor& a, Scalar b) { return a.gt(b); }
+inline Tensor operator>=(const Tensor& a, Scalar b) { return a.ge(b); }
+
+// ---- runtime
+const char* version();
+// Runs fn(lo, hi) over [begin, end) split into chunks of at least `grain`, on the CPU backend's threads.
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+int get_num_threads();
+void set_num_threads(int n);
+
+}  // namespace tg

@@ -1,0 +1,240 @@
+// Tensor: shared storage plus sizes, strides, offset, dtype and device. Views
+// share storage and change only metadata. Methods here forward to the op
+// front-ends declared in core/ops.h.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <vector>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/shape.h"
+#include "core/storage.h"
+#include "core/tensor_options.h"
+
+namespace tg {
+
+class Tensor;
+namespace autograd {
+struct AutogradMeta;
+class Node;
+}  // namespace autograd
+
+class TensorImpl {
+ public:
+  TensorImpl(std::shared_ptr<Storage> storage, Shape sizes, Shape strides, int64_t offset, DType dtype);
+  std::shared_ptr<Storage> storage;
+  Shape sizes;
+  Shape strides;        // in elements
+  int64_t offset = 0;   // in elements
+  DType dtype;
+  Device device;
+  int64_t numel = 0;
+  bool contiguous = true;
+  std::shared_ptr<autograd::AutogradMeta> autograd;  // null until autograd touches the tensor
+  void refresh();  // recompute numel and contiguity after sizes/strides change
+};
+
+struct BackwardOptions {
+  bool retain_graph = false;
+  bool create_graph = false;
+};
+
+// A strided view of CPU memory for hand-written loops (the C++ answer to numba's @njit).
+template <typename T, int N>
+class TensorAccessor {
+ public:
+  TensorAccessor(T* data, const int64_t* sizes, const int64_t* strides) : data_(data), sizes_(sizes), strides_(strides) {}
+  TensorAccessor<T, N - 1> operator[](int64_t i) const {
+    return TensorAccessor<T, N - 1>(data_ + i * strides_[0], sizes_ + 1, strides_ + 1);
+  }
+  int64_t size(int d) const { return sizes_[d]; }
+  int64_t stride(int d) const { return strides_[d]; }
+  T* data() const { return data_; }
+
+ private:
+  T* data_;
+  const int64_t* sizes_;
+  const int64_t* strides_;
+};
+template <typename T>
+class TensorAccessor<T, 1> {
+ public:
+  TensorAccessor(T* data, const int64_t* sizes, const int64_t* strides) : data_(data), sizes_(sizes), strides_(strides) {}
+  T& operator[](int64_t i) const { return data_[i * strides_[0]]; }
+  int64_t size(int d) const { return sizes_[d]; }
+  int64_t stride(int d) const { return strides_[d]; }
+  T* data() const { return data_; }
+
+ private:
+  T* data_;
+  const int64_t* sizes_;
+  const int64_t* strides_;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // ---- facts
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& sizes() const { return impl().sizes; }
+  const Shape& strides() const { return impl().strides; }
+  int64_t size(int64_t dim) const;
+  int64_t stride(int64_t dim) const;
+  int64_t dim() const { return static_cast<int64_t>(impl().sizes.size()); }
+  int64_t numel() const { return impl().numel; }
+  DType dtype() const { return impl().dtype; }
+  Device device() const { return impl().device; }
+  bool is_cuda() const { return impl().device.is_cuda(); }
+  bool is_cpu() const { return impl().device.is_cpu(); }
+  bool is_contiguous() const { return impl().contiguous; }
+  int64_t storage_offset() const { return impl().offset; }
+  size_t element_size() const { return tg::element_size(dtype()); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
+  TensorOptions options() const { return TensorOptions().dtype(dtype()).device(device()); }
+  uint32_t version() const { return impl().storage->version(); }
+  bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
+
+  // ---- raw data
+  void* data_ptr() const;
+  template <typename T>
+  T* data_ptr() const {
+    TG_CHECK(dtype_of<T> == dtype(), "data_ptr<", dtype_name(dtype_of<T>), ">: tensor has dtype ", dtype_name(dtype()));
+    return static_cast<T*>(data_ptr());
+  }
+  template <typename T, int N>
+  TensorAccessor<T, N> accessor() const {
+    TG_CHECK(is_cpu(), "accessor: tensor is on ", device(), "; accessor is for CPU tensors");
+    TG_CHECK(dim() == N, "accessor<", N, ">: tensor has ", dim(), " dims ", sizes());
+    return TensorAccessor<T, N>(data_ptr<T>(), sizes().data(), strides().data());
+  }
+  Scalar item() const;
+  template <typename T>
+  T item() const {
+    Scalar s = item();
+    if constexpr (std::is_same_v<T, bool>) return s.to_double() != 0;
+    else if constexpr (std::is_integral_v<T>) return static_cast<T>(s.is_integral() ? s.to_int() : static_cast<int64_t>(s.to_double()));
+    else return static_cast<T>(s.to_double());
+  }
+  // Host copy of the elements in row-major order; T must match dtype().
+  template <typename T>
+  std::vector<T> to_vector() const {
+    TG_CHECK(dtype_of<T> == dtype(), "to_vector<", dtype_name(dtype_of<T>), ">: tensor has dtype ", dtype_name(dtype()));
+    std::vector<T> out(static_cast<size_t>(numel()));
+    copy_to_host(out.data());
+    return out;
+  }
+  void copy_to_host(void* dst) const;  // numel()*element_size() bytes, row-major
+
+  // ---- moves and copies
+  Tensor to(Device device, bool non_blocking = false) const;
+  Tensor to(DeviceType device, bool non_blocking = false) const { return to(Device(device), non_blocking); }
+  Tensor to(DType dtype) const;
+  Tensor to(Device device, DType dtype) const;
+  Tensor cpu() const { return to(Device(kCPU)); }
+  Tensor cuda() const { return to(Device(kCUDA)); }
+  Tensor contiguous() const;
+  Tensor clone() const;
+  Tensor detach() const;
+
+  // ---- views
+  Tensor view(Shape shape) const;
+  Tensor reshape(Shape shape) const;
+  Tensor flatten() const { return reshape({-1}); }
+  Tensor transpose(int64_t a, int64_t b) const;
+  Tensor t() const;
+  Tensor permute(Shape dims) const;
+  Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const { return slice(dim, start, start + length); }
+  Tensor select(int64_t dim, int64_t index) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor squeeze() const;
+  Tensor squeeze(int64_t dim) const;
+  Tensor expand(Shape sizes) const;
+  Tensor expand_as(const Tensor& other) const { return expand(other.sizes()); }
+  Tensor index_select(int64_t dim, const Tensor& index) const;
+
+  // ---- elementwise
+  Tensor neg() const;
+  Tensor exp() const;
+  Tensor log() const;
+  Tensor sqrt() const;
+  Tensor abs() const;
+  Tensor relu() const;
+  Tensor sigmoid() const;
+  Tensor tanh() const;
+  Tensor gelu() const;
+  Tensor pow(Scalar exponent) const;
+  Tensor pow(const Tensor& exponent) const;
+  Tensor clamp(Scalar lo, Scalar hi) const;
+  Tensor eq(const Tensor& o) const;
+  Tensor ne(const Tensor& o) const;
+  Tensor lt(const Tensor& o) const;
+  Tensor le(const Tensor& o) const;
+  Tensor gt(const Tensor& o) const;
+  Tensor ge(const Tensor& o) const;
+  Tensor eq(Scalar o) const;
+  Tensor ne(Scalar o) const;
+  Tensor lt(Scalar o) const;
+  Tensor le(Scalar o) const;
+  Tensor gt(Scalar o) const;
+  Tensor ge(Scalar o) const;
+
+  // ---- in place (bump the version counter)
+  const Tensor& add_(const Tensor& o, Scalar alpha = 1) const;
+  const Tensor& add_(Scalar o) const;
+  const Tensor& sub_(const Tensor& o, Scalar alpha = 1) const;
+  const Tensor& sub_(Scalar o) const;
+  const Tensor& mul_(const Tensor& o) const;
+  const Tensor& mul_(Scalar o) const;
+  const Tensor& div_(const Tensor& o) const;
+  const Tensor& div_(Scalar o) const;
+  const Tensor& zero_() const;
+  const Tensor& fill_(Scalar v) const;
+  const Tensor& copy_(const Tensor& src, bool non_blocking = false) const;
+
+  // ---- reductions (dims: one int or a list; empty = all)
+  Tensor sum() const;
+  Tensor sum(DimList dims, bool keepdim = false) const;
+  Tensor mean() const;
+  Tensor mean(DimList dims, bool keepdim = false) const;
+  Tensor var() const;
+  Tensor var(DimList dims, bool keepdim = false, int64_t correction = 1) const;
+  Tensor std() const;
+  Tensor std(DimList dims, bool keepdim = false, int64_t correction = 1) const;
+  Tensor max() const;
+  Tensor max(DimList dims, bool keepdim = false) const;  // values, like torch.amax
+  Tensor min() const;
+  Tensor min(DimList dims, bool keepdim = false) const;
+  Tensor argmax() const;  // index into the flattened tensor
+  Tensor argmax(int64_t dim, bool keepdim = false) const;
+
+  Tensor matmul(const Tensor& other) const;
+
+  // ---- autograd (autograd/)
+  const Tensor& requires_grad_(bool requires_grad = true) const;
+  bool requires_grad() const;
+  bool is_leaf() const;
+  Tensor grad() const;
+  Tensor& mutable_grad() const;  // the leaf's .grad slot; assign an undefined tensor to clear it
+  void retain_grad() const;
+  void backward(const Tensor& gradient = Tensor(), BackwardOptions options = {}) const;
+  std::shared_ptr<autograd::Node> grad_fn() const;
+
+  TensorImpl& impl() const {
+    TG_CHECK(impl_ != nullptr, "use of an undefined tensor");
+    return *impl_;
+  }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+}  // namespace tg
