@@ -22,7 +22,7 @@ Device resolve(Device d);  // cuda without index -> current device; checks the d
 // Output dtype: the promoted input dtype, or Bool for comparisons. Inputs of
 // another dtype are converted first. Mixed devices are an error naming `op`.
 Tensor unary(backend::ElemOp op, const Tensor& a, double p0 = 0, double p1 = 0);
-Tensor binary(backend::ElemOp op, const Tensor& a, const Tensor& b, double p0 = 1);
+Tensor binary(backend::ElemOp op, const Tensor& a, const Tensor& b, double p0 = 1, double p1 = 0);
 Tensor scalar_op(backend::ElemOp op, const Tensor& a, Scalar s);  // AddScalar, MulScalar, EqScalar, ...
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // In place: writes the result into `self` (no broadcasting of self; result cast to self's dtype).

@@ -93,9 +93,9 @@ TG_HOST_DEVICE inline double normal_f64(uint64_t seed, uint64_t offset, uint64_t
   int e = static_cast<int>((c >> 1) & 1);  // which element of the block's pair
   double u1 = 1.0 - to_unit_f64(b.w[0], b.w[1]);
   double u2 = to_unit_f64(b.w[2], b.w[3]);
-  double r = sqrt(-2.0 * log(u1));
+  double r = ::sqrt(-2.0 * ::log(u1));
   double a = 6.283185307179586 * u2;
-  return e ? r * sin(a) : r * cos(a);
+  return e ? r * ::sin(a) : r * ::cos(a);
 }
 
 }  // namespace tg::philox

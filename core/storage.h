@@ -40,6 +40,7 @@ class DataPtr {
   }
   void* get() const { return data_; }
   void* context() const { return ctx_; }
+  Deleter deleter() const { return deleter_; }
   Device device() const { return device_; }
 
  private:
@@ -61,21 +62,23 @@ Allocator* get_allocator(Device device);
 
 class Storage {
  public:
-  Storage(DataPtr data, size_t nbytes) : data_(std::move(data)), nbytes_(nbytes) {}
+  Storage(DataPtr data, size_t nbytes) : data_(std::move(data)), nbytes_(nbytes), device_(data_.device()) {}
+  Storage(DataPtr data, size_t nbytes, Device device) : data_(std::move(data)), nbytes_(nbytes), device_(device) {}
   void* data() const { return data_.get(); }
   size_t nbytes() const { return nbytes_; }
-  Device device() const { return data_.device(); }
+  Device device() const { return device_; }
   uint32_t version() const { return version_; }
   void bump_version() { ++version_; }
   const DataPtr& data_ptr() const { return data_; }
 
   static std::shared_ptr<Storage> allocate(size_t nbytes, Device device) {
-    return std::make_shared<Storage>(get_allocator(device)->allocate(nbytes), nbytes);
+    return std::make_shared<Storage>(get_allocator(device)->allocate(nbytes), nbytes, device);
   }
 
  private:
   DataPtr data_;
   size_t nbytes_;
+  Device device_;
   uint32_t version_ = 0;
 };
 

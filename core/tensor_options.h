@@ -24,7 +24,7 @@ class TensorOptions {
     o.device_ = d;
     return o;
   }
-  TensorOptions requires_grad(bool r = true) const {
+  TensorOptions requires_grad(bool r) const {
     auto o = *this;
     o.requires_grad_ = r;
     return o;

@@ -60,6 +60,11 @@ void record_stream(const DataPtr& ptr, cudaStream_t stream);
 // DMA speed), plain aligned memory otherwise; freed blocks are reused.
 DataPtr host_allocate(size_t nbytes);
 bool is_pinned(const void* ptr);
+// Marks pinned memory from host_allocate (any address inside a block) as read or
+// written by queued work on `stream`: the block is not reused before that work ends.
+void record_host_use(const void* host_ptr, cudaStream_t stream);
+// Frees the cached, unused pinned blocks (part of tg::cuda::empty_cache()).
+void empty_host_cache();
 
 // Contiguous byte copies on the current stream of `device`. Copies into or out
 // of pageable memory go through pinned staging buffers in chunks, overlapping

@@ -1,0 +1,124 @@
+// Public autograd API: grad mode (tg::NoGradGuard), the graph's node and edge
+// types, tg::autograd::grad, gradcheck, and the in-place hook the core's
+// in-place methods call. The engine lives in autograd/engine.cpp; the
+// differentiable ops with their backward in autograd/functions/*.cpp.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tg {
+namespace autograd {
+
+// Whether ops record the graph. Thread-local, on by default.
+class GradMode {
+ public:
+  static bool is_enabled();
+  static void set_enabled(bool enabled);
+};
+
+class Node;
+
+// Where a gradient goes: input number `input_nr` of node `fn`.
+struct Edge {
+  std::shared_ptr<Node> fn;
+  uint32_t input_nr = 0;
+  bool valid() const { return fn != nullptr; }
+};
+
+// What a node expects for the gradient of one of the tensors it produced; the
+// engine reduces (sum_to) and casts every incoming gradient to this, in one place.
+struct InputMeta {
+  Shape shape;
+  DType dtype = kFloat32;
+  Device device;
+};
+
+// A step of the backward graph: takes one gradient per forward output, returns
+// one gradient per next edge (undefined when that input needs none).
+class Node {
+ public:
+  Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+  virtual ~Node();  // releases long chains iteratively (no deep recursion)
+
+  virtual std::vector<Tensor> apply(std::vector<Tensor>&& grads) = 0;
+  virtual const char* name() const = 0;
+  // Frees saved tensors once backward has used them (unless retain_graph).
+  virtual void release_saved() {}
+
+  bool needs_input_grad(size_t i) const { return i < next_edges.size() && next_edges[i].valid(); }
+  uint32_t add_input_meta(const Tensor& t);
+
+  std::vector<Edge> next_edges;
+  std::vector<InputMeta> input_meta;  // one per forward output
+  // Non-leaf tensors that asked for retain_grad(): (output_nr, tensor).
+  std::vector<std::pair<uint32_t, std::weak_ptr<TensorImpl>>> retained;
+};
+
+// Per-tensor autograd state (TensorImpl::autograd), created on first need.
+struct AutogradMeta {
+  Tensor grad;
+  std::shared_ptr<Node> grad_fn;  // null for leaves
+  uint32_t output_nr = 0;
+  bool requires_grad = false;  // the leaf flag
+  bool retain_grad = false;
+  std::weak_ptr<Node> grad_accumulator;  // the leaf's AccumulateGrad, shared by every use
+};
+
+// Runs backward from `outputs` and returns d(outputs)/d(inputs) without touching
+// any .grad(). An input the outputs do not depend on gets an undefined tensor.
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false);
+
+// Called by the in-place ops (add_, mul_, ...): throws tg::Error when grad mode is
+// on and `self` takes part in autograd, because the graph may need its old values.
+void check_inplace(const Tensor& self, const char* op);
+
+// ---- gradcheck: central differences in float64 against backward.
+struct GradcheckOptions {
+  double eps = 1e-6;
+  double atol = 1e-5;
+  double rtol = 1e-3;
+};
+
+struct GradcheckReport {
+  bool ok = true;
+  double max_abs_err = 0;
+  double max_rel_err = 0;
+  int input_index = -1;  // first failing input (-1 when ok)
+  int64_t element = -1;  // its flat element index
+  std::string message;
+  explicit operator bool() const { return ok; }
+};
+std::ostream& operator<<(std::ostream& os, const GradcheckReport& r);
+
+// fn maps the inputs to a tensor of any shape. The inputs that require grad (all
+// floating ones if none does) are copied to contiguous float64 on their device
+// and perturbed one element at a time; the output is projected on a fixed random
+// direction so one backward gives the whole vector-Jacobian product. To check
+// non-contiguous layouts, make the views inside fn.
+GradcheckReport gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                          const std::vector<Tensor>& inputs, GradcheckOptions options = {});
+
+}  // namespace autograd
+
+// Turns recording off for a scope (RAII, thread-local, nests).
+class NoGradGuard {
+ public:
+  NoGradGuard() : prev_(autograd::GradMode::is_enabled()) { autograd::GradMode::set_enabled(false); }
+  ~NoGradGuard() { autograd::GradMode::set_enabled(prev_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+}  // namespace tg

@@ -1,0 +1,222 @@
+// The backward engine: an iterative topological order from the roots (Kahn's
+// algorithm on dependency counts, so deep graphs never recurse), then one reverse
+// pass with a per-node input buffer that sums gradients from several consumers.
+// Every gradient entering a node is reduced (sum_to) and cast to what that node
+// expects here, in one place. Also the Tensor autograd methods.
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "autograd/accumulate_grad.h"
+#include "autograd/function.h"
+
+namespace tg {
+namespace autograd {
+namespace {
+
+// The one place a broadcast gradient is reduced to its input's shape and cast
+// back to its dtype / device.
+Tensor conform(Tensor g, const InputMeta& m) {
+  if (g.sizes() != m.shape) g = native::sum_to(g, m.shape);
+  if (g.dtype() != m.dtype || g.device() != m.device) g = native::to(g, m.device, m.dtype);
+  return g;
+}
+
+struct Capture {
+  uint32_t input_nr;
+  size_t result_index;
+};
+
+// Runs the reverse pass. With `inputs` (tg::autograd::grad), the gradients
+// reaching them are returned and no leaf's .grad() is touched.
+std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads,
+                                 bool retain_graph, const std::vector<Tensor>* inputs, const char* op) {
+  NoGradGuard no_grad;
+  TG_CHECK(!roots.empty(), op, ": no output tensors given");
+  TG_CHECK(root_grads.empty() || root_grads.size() == roots.size(), op, ": got ", root_grads.size(), " gradients for ",
+           roots.size(), " outputs");
+
+  // ---- root gradients
+  std::vector<std::pair<Edge, Tensor>> starts;
+  starts.reserve(roots.size());
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    TG_CHECK(r.defined(), op, ": output ", i, " is an undefined tensor");
+    TG_CHECK(requires_grad(r), op, ": the tensor of shape ", r.sizes(),
+             " does not require grad and has no grad_fn (did it come from leaves with requires_grad_()?)");
+    Tensor g = root_grads.empty() ? Tensor() : root_grads[i];
+    if (!g.defined()) {
+      TG_CHECK(r.numel() == 1, op, ": grad can be implicitly created only for scalar outputs; the output has shape ",
+               r.sizes(), ", pass a gradient of that shape");
+      g = native::full(r.sizes(), 1, r.dtype(), r.device());
+    } else {
+      TG_CHECK(g.sizes() == r.sizes(), op, ": gradient has shape ", g.sizes(), " but the output has shape ", r.sizes());
+      TG_CHECK(g.dtype() == r.dtype(), op, ": gradient has dtype ", g.dtype(), " but the output has dtype ", r.dtype());
+      TG_CHECK(g.device() == r.device(), op, ": gradient is on ", g.device(), " but the output is on ", r.device());
+    }
+    starts.emplace_back(gradient_edge(r), std::move(g));
+  }
+
+  // ---- dependency counts over the reachable graph (iterative DFS)
+  std::unordered_map<Node*, int> deps;
+  std::unordered_set<Node*> seen;
+  std::vector<Node*> stack;
+  for (auto& [e, g] : starts)
+    if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges) {
+      if (!e.fn) continue;
+      ++deps[e.fn.get()];
+      if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
+    }
+  }
+
+  // ---- what tg::autograd::grad wants back
+  std::unordered_map<Node*, std::vector<Capture>> captures;
+  std::vector<Tensor> results;
+  if (inputs) {
+    results.resize(inputs->size());
+    for (size_t i = 0; i < inputs->size(); ++i) {
+      const Tensor& t = (*inputs)[i];
+      TG_CHECK(t.defined() && requires_grad(t), op, ": input ", i, " (shape ",
+               t.defined() ? t.sizes().str() : std::string("undefined"), ") does not require grad");
+      const auto& m = t.impl().autograd;
+      std::shared_ptr<Node> fn = m->grad_fn ? m->grad_fn : m->grad_accumulator.lock();
+      if (fn && seen.count(fn.get())) captures[fn.get()].push_back({m->grad_fn ? m->output_nr : 0u, i});
+    }
+  }
+
+  // ---- the reverse pass
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  auto deliver = [&](const Edge& e, Tensor g) {
+    Node* n = e.fn.get();
+    g = conform(std::move(g), n->input_meta.at(e.input_nr));
+    auto& buf = buffers[n];
+    if (buf.empty()) buf.resize(n->input_meta.size());
+    Tensor& slot = buf[e.input_nr];
+    slot = slot.defined() ? native::add(slot, g) : std::move(g);
+  };
+  for (auto& [e, g] : starts) deliver(e, std::move(g));
+
+  // Roots' nodes with no consumer inside the graph start the pass. `owner` keeps
+  // each node alive while it runs even if the user dropped every tensor.
+  std::vector<std::shared_ptr<Node>> ready;
+  for (auto& [e, g] : starts)
+    if (deps.find(e.fn.get()) == deps.end() &&
+        std::none_of(ready.begin(), ready.end(), [&](const auto& p) { return p.get() == e.fn.get(); }))
+      ready.push_back(e.fn);
+
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = std::move(ready.back());
+    ready.pop_back();
+    std::vector<Tensor> buf;
+    if (auto it = buffers.find(node.get()); it != buffers.end()) {
+      buf = std::move(it->second);
+      buffers.erase(it);
+    }
+    buf.resize(node->input_meta.size());
+
+    if (auto it = captures.find(node.get()); it != captures.end())
+      for (const Capture& c : it->second) results[c.result_index] = buf[c.input_nr];
+    if (!inputs) {
+      for (auto& [nr, weak] : node->retained) {
+        auto impl = weak.lock();
+        if (!impl || nr >= buf.size() || !buf[nr].defined()) continue;
+        auto& m = impl->autograd;
+        m->grad = m->grad.defined() ? native::add(m->grad, buf[nr]) : native::clone(buf[nr]);
+      }
+    }
+
+    const bool any = std::any_of(buf.begin(), buf.end(), [](const Tensor& t) { return t.defined(); });
+    const bool skip = !any || (inputs && dynamic_cast<AccumulateGrad*>(node.get()) != nullptr);
+    std::vector<Tensor> outs;
+    if (!skip) {
+      outs = node->apply(std::move(buf));
+      if (!retain_graph) node->release_saved();
+      TG_CHECK(outs.empty() || outs.size() == node->next_edges.size(), node->name(), ": backward returned ",
+               outs.size(), " gradients for ", node->next_edges.size(), " inputs");
+    }
+    for (size_t i = 0; i < node->next_edges.size(); ++i) {
+      const Edge& e = node->next_edges[i];
+      if (!e.fn) continue;
+      if (i < outs.size() && outs[i].defined()) deliver(e, std::move(outs[i]));
+      auto d = deps.find(e.fn.get());
+      if (--d->second == 0) {
+        deps.erase(d);
+        ready.push_back(e.fn);
+      }
+    }
+  }
+  return results;
+}
+
+}  // namespace
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, bool retain_graph) {
+  return run_backward(outputs, grad_outputs, retain_graph, &inputs, "autograd::grad");
+}
+
+}  // namespace autograd
+
+// ---- Tensor's autograd methods
+using autograd::AutogradMeta;
+
+const Tensor& Tensor::requires_grad_(bool requires_grad) const {
+  auto& m = impl().autograd;
+  if (m && m->grad_fn) {
+    TG_CHECK(requires_grad, "requires_grad_(false): the tensor of shape ", sizes(),
+             " is not a leaf (it has a grad_fn); use detach() instead");
+    return *this;
+  }
+  TG_CHECK(!requires_grad || is_floating(dtype()), "requires_grad_: only floating tensors can require grad; got ",
+           dtype(), " of shape ", sizes());
+  if (!m) {
+    if (!requires_grad) return *this;
+    m = std::make_shared<AutogradMeta>();
+  }
+  m->requires_grad = requires_grad;
+  return *this;
+}
+
+bool Tensor::requires_grad() const { return autograd::requires_grad(*this); }
+
+bool Tensor::is_leaf() const {
+  const auto& m = impl().autograd;
+  return !m || !m->grad_fn;
+}
+
+Tensor Tensor::grad() const {
+  const auto& m = impl().autograd;
+  return m ? m->grad : Tensor();
+}
+
+Tensor& Tensor::mutable_grad() const {
+  auto& m = impl().autograd;
+  if (!m) m = std::make_shared<AutogradMeta>();
+  return m->grad;
+}
+
+void Tensor::retain_grad() const {
+  TG_CHECK(requires_grad(), "retain_grad: the tensor of shape ", sizes(), " does not require grad");
+  auto& m = impl().autograd;
+  if (!m->grad_fn || m->retain_grad) return;  // leaves always keep their grad
+  m->retain_grad = true;
+  m->grad_fn->retained.emplace_back(m->output_nr, impl_ptr());
+}
+
+void Tensor::backward(const Tensor& gradient, BackwardOptions options) const {
+  TG_CHECK(!options.create_graph, "backward: create_graph=true (higher-order gradients) is not supported");
+  autograd::run_backward({*this}, {gradient}, options.retain_graph, nullptr, "backward");
+}
+
+std::shared_ptr<autograd::Node> Tensor::grad_fn() const {
+  const auto& m = impl().autograd;
+  return m ? m->grad_fn : nullptr;
+}
+
+}  // namespace tg

@@ -1,0 +1,80 @@
+// Internal helpers the differentiable ops (autograd/functions/*.cpp) use to
+// record themselves: saved tensors with a version check, a node that runs a
+// backward closure, and the cheap "does anything need grad" test. Not installed.
+#pragma once
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "core/native.h"
+
+namespace tg::autograd {
+
+// True when t takes part in autograd (a leaf that requires grad or a graph output).
+inline bool requires_grad(const Tensor& t) {
+  if (!t.defined()) return false;
+  const auto& m = t.impl().autograd;
+  return m && (m->requires_grad || m->grad_fn);
+}
+
+// The no-grad fast path: no allocation, a thread-local read and a few pointer tests.
+template <typename... Ts>
+bool should_record(const Ts&... inputs) {
+  return GradMode::is_enabled() && (requires_grad(inputs) || ...);
+}
+inline bool should_record_list(const std::vector<Tensor>& inputs) {
+  if (!GradMode::is_enabled()) return false;
+  for (const auto& t : inputs)
+    if (requires_grad(t)) return true;
+  return false;
+}
+
+// A tensor kept for backward: a detached alias (no graph, so a node never keeps
+// its own outputs alive through a cycle) plus the storage version at save time.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  SavedTensor(const Tensor& t, const char* op);
+  // Throws when the tensor was modified in place since it was saved.
+  Tensor unpack() const;
+
+ private:
+  Tensor data_;
+  uint32_t version_ = 0;
+  const char* op_ = "";
+};
+
+class FunctionNode;
+// grad of the single forward output -> one grad per input (undefined if not needed).
+using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad, const FunctionNode& node)>;
+
+// A node whose backward is a closure written right below the op's forward. The
+// closure owns the saved tensors, so releasing it frees them all.
+class FunctionNode final : public Node {
+ public:
+  FunctionNode(const char* name, BackwardFn fn) : name_(name), fn_(std::move(fn)) {}
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
+  const char* name() const override { return name_; }
+  void release_saved() override { fn_ = nullptr; }
+
+ private:
+  const char* name_;
+  BackwardFn fn_;
+};
+
+// The edge a gradient for t flows along (grad_fn or the leaf's accumulator).
+Edge gradient_edge(const Tensor& t);
+
+// Records `out` as the result of op `name` applied to `inputs`: builds the node,
+// its edges, and sets out's history. Returns out (re-aliased if it shares an
+// input's TensorImpl). Only floating outputs are recorded.
+Tensor record(const char* name, std::initializer_list<Tensor> inputs, Tensor out, BackwardFn fn);
+Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor out, BackwardFn fn);
+
+// A detached alias of t sharing storage (for detach() and saved tensors).
+Tensor alias(const Tensor& t);
+
+}  // namespace tg::autograd

@@ -1,0 +1,279 @@
+// Elementwise ops with their backward right below the forward. Gradients come
+// out in the broadcast output shape; the engine reduces them to each input's
+// shape and dtype (autograd/engine.cpp, conform), so no op does it itself.
+#include <vector>
+
+#include "autograd/function.h"
+
+namespace tg {
+
+using autograd::FunctionNode;
+using autograd::record;
+using autograd::SavedTensor;
+using autograd::should_record;
+using backend::ElemOp;
+using Grads = std::vector<Tensor>;
+
+namespace {
+Scalar negate(const Scalar& s) {
+  return s.is_integral() ? Scalar(static_cast<long long>(-s.to_int())) : Scalar(-s.to_double());
+}
+Tensor zero_of(const Tensor& g) { return native::full(Shape{}, 0, g.dtype(), g.device()); }
+// g where mask, else 0 (mask is bool, broadcast against g).
+Tensor mask_grad(const Tensor& mask, const Tensor& g) { return native::where(mask, g, zero_of(g)); }
+}  // namespace
+
+// ---- add / sub
+Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
+  Tensor out = native::binary(ElemOp::Add, a, b, alpha.to_double());
+  if (!should_record(a, b)) return out;
+  const double al = alpha.to_double();
+  return record("add", {a, b}, std::move(out), [al](const Tensor& g, const FunctionNode& n) -> Grads {
+    Tensor gb;
+    if (n.needs_input_grad(1)) gb = al == 1 ? g : native::mul(g, Scalar(al));
+    return {n.needs_input_grad(0) ? g : Tensor(), gb};
+  });
+}
+
+Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
+  Tensor out = native::binary(ElemOp::Sub, a, b, alpha.to_double());
+  if (!should_record(a, b)) return out;
+  const double al = alpha.to_double();
+  return record("sub", {a, b}, std::move(out), [al](const Tensor& g, const FunctionNode& n) -> Grads {
+    Tensor gb;
+    if (n.needs_input_grad(1)) gb = al == 1 ? native::unary(ElemOp::Neg, g) : native::mul(g, Scalar(-al));
+    return {n.needs_input_grad(0) ? g : Tensor(), gb};
+  });
+}
+
+// ---- mul / div
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = native::mul(a, b);
+  if (!should_record(a, b)) return out;
+  // Save only what backward reads: b for a's grad, a for b's.
+  SavedTensor sa = autograd::requires_grad(b) ? SavedTensor(a, "mul") : SavedTensor();
+  SavedTensor sb = autograd::requires_grad(a) ? SavedTensor(b, "mul") : SavedTensor();
+  return record("mul", {a, b}, std::move(out), [sa, sb](const Tensor& g, const FunctionNode& n) -> Grads {
+    return {n.needs_input_grad(0) ? native::mul(g, sb.unpack()) : Tensor(),
+            n.needs_input_grad(1) ? native::mul(g, sa.unpack()) : Tensor()};
+  });
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = native::div(a, b);
+  if (!should_record(a, b)) return out;
+  SavedTensor sa = autograd::requires_grad(b) ? SavedTensor(a, "div") : SavedTensor();
+  SavedTensor sb(b, "div");
+  return record("div", {a, b}, std::move(out), [sa, sb](const Tensor& g, const FunctionNode& n) -> Grads {
+    Tensor bv = sb.unpack();
+    Tensor ga, gb;
+    if (n.needs_input_grad(0)) ga = native::div(g, bv);
+    if (n.needs_input_grad(1))  // -g * a / b^2
+      gb = native::mul(native::div(native::mul(g, sa.unpack()), native::mul(bv, bv)), Scalar(-1.0));
+    return {ga, gb};
+  });
+}
+
+// ---- scalar forms
+Tensor add(const Tensor& a, Scalar b) {
+  Tensor out = native::scalar_op(ElemOp::AddScalar, a, b);
+  if (!should_record(a)) return out;
+  return record("add", {a}, std::move(out), [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
+}
+
+Tensor sub(const Tensor& a, Scalar b) {
+  Tensor out = native::scalar_op(ElemOp::AddScalar, a, negate(b));
+  if (!should_record(a)) return out;
+  return record("sub", {a}, std::move(out), [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
+}
+
+Tensor rsub(const Tensor& a, Scalar b) {
+  Tensor out = native::scalar_op(ElemOp::RSubScalar, a, b);
+  if (!should_record(a)) return out;
+  return record("rsub", {a}, std::move(out),
+                [](const Tensor& g, const FunctionNode&) -> Grads { return {native::unary(ElemOp::Neg, g)}; });
+}
+
+Tensor mul(const Tensor& a, Scalar b) {
+  Tensor out = native::scalar_op(ElemOp::MulScalar, a, b);
+  if (!should_record(a)) return out;
+  return record("mul", {a}, std::move(out), [b](const Tensor& g, const FunctionNode&) -> Grads {
+    return {native::scalar_op(ElemOp::MulScalar, g, b)};
+  });
+}
+
+Tensor div(const Tensor& a, Scalar b) {
+  Tensor out = native::scalar_op(ElemOp::DivScalar, a, b);
+  if (!should_record(a)) return out;
+  return record("div", {a}, std::move(out), [b](const Tensor& g, const FunctionNode&) -> Grads {
+    return {native::scalar_op(ElemOp::DivScalar, g, b)};
+  });
+}
+
+Tensor rdiv(const Tensor& a, Scalar b) {
+  Tensor out = native::scalar_op(ElemOp::RDivScalar, a, b);
+  if (!should_record(a)) return out;
+  SavedTensor sa(a, "rdiv"), sy(out, "rdiv");
+  return record("rdiv", {a}, std::move(out), [sa, sy](const Tensor& g, const FunctionNode&) -> Grads {
+    // d(b / a)/da = -b / a^2 = -y / a
+    return {native::mul(native::div(native::mul(g, sy.unpack()), sa.unpack()), Scalar(-1.0))};
+  });
+}
+
+// ---- unary
+Tensor neg(const Tensor& a) {
+  Tensor out = native::unary(ElemOp::Neg, a);
+  if (!should_record(a)) return out;
+  return record("neg", {a}, std::move(out),
+                [](const Tensor& g, const FunctionNode&) -> Grads { return {native::unary(ElemOp::Neg, g)}; });
+}
+
+Tensor exp(const Tensor& a) {
+  Tensor out = native::unary(ElemOp::Exp, a);
+  if (!should_record(a)) return out;
+  SavedTensor sy(out, "exp");
+  return record("exp", {a}, std::move(out),
+                [sy](const Tensor& g, const FunctionNode&) -> Grads { return {native::mul(g, sy.unpack())}; });
+}
+
+Tensor log(const Tensor& a) {
+  Tensor out = native::unary(ElemOp::Log, a);
+  if (!should_record(a)) return out;
+  SavedTensor sx(a, "log");
+  return record("log", {a}, std::move(out),
+                [sx](const Tensor& g, const FunctionNode&) -> Grads { return {native::div(g, sx.unpack())}; });
+}
+
+Tensor sqrt(const Tensor& a) {
+  Tensor out = native::unary(ElemOp::Sqrt, a);
+  if (!should_record(a)) return out;
+  SavedTensor sy(out, "sqrt");
+  return record("sqrt", {a}, std::move(out), [sy](const Tensor& g, const FunctionNode&) -> Grads {
+    return {native::div(g, native::mul(sy.unpack(), Scalar(2.0)))};
+  });
+}
+
+Tensor abs(const Tensor& a) {
+  Tensor out = native::unary(ElemOp::Abs, a);
+  if (!should_record(a)) return out;
+  SavedTensor sx(a, "abs");
+  return record("abs", {a}, std::move(out), [sx](const Tensor& g, const FunctionNode&) -> Grads {
+    return {native::binary(ElemOp::AbsBackward, g, sx.unpack())};
+  });
+}
+
+Tensor relu(const Tensor& a) {
+  Tensor out = native::unary(ElemOp::Relu, a);
+  if (!should_record(a)) return out;
+  SavedTensor sy(out, "relu");  // y > 0 exactly where x > 0
+  return record("relu", {a}, std::move(out), [sy](const Tensor& g, const FunctionNode&) -> Grads {
+    return {native::binary(ElemOp::ReluBackward, g, sy.unpack())};
+  });
+}
+
+Tensor sigmoid(const Tensor& a) {
+  Tensor out = native::unary(ElemOp::Sigmoid, a);
+  if (!should_record(a)) return out;
+  SavedTensor sy(out, "sigmoid");
+  return record("sigmoid", {a}, std::move(out), [sy](const Tensor& g, const FunctionNode&) -> Grads {
+    return {native::binary(ElemOp::SigmoidBackward, g, sy.unpack())};
+  });
+}
+
+Tensor tanh(const Tensor& a) {
+  Tensor out = native::unary(ElemOp::Tanh, a);
+  if (!should_record(a)) return out;
+  SavedTensor sy(out, "tanh");
+  return record("tanh", {a}, std::move(out), [sy](const Tensor& g, const FunctionNode&) -> Grads {
+    return {native::binary(ElemOp::TanhBackward, g, sy.unpack())};
+  });
+}
+
+Tensor gelu(const Tensor& a) {
+  Tensor out = native::unary(ElemOp::Gelu, a);
+  if (!should_record(a)) return out;
+  SavedTensor sx(a, "gelu");
+  return record("gelu", {a}, std::move(out), [sx](const Tensor& g, const FunctionNode&) -> Grads {
+    return {native::binary(ElemOp::GeluBackward, g, sx.unpack())};
+  });
+}
+
+Tensor pow(const Tensor& a, Scalar exponent) {
+  const double e = exponent.to_double();
+  Tensor out = native::unary(ElemOp::PowScalar, a, e);
+  if (!should_record(a)) return out;
+  SavedTensor sx(a, "pow");
+  return record("pow", {a}, std::move(out), [sx, e](const Tensor& g, const FunctionNode&) -> Grads {
+    return {native::binary(ElemOp::PowScalarBackward, g, sx.unpack(), e)};
+  });
+}
+
+Tensor pow(const Tensor& a, const Tensor& exponent) {
+  Tensor out = native::binary(ElemOp::Pow, a, exponent);
+  if (!should_record(a, exponent)) return out;
+  SavedTensor sa(a, "pow"), sb(exponent, "pow");
+  SavedTensor sy = autograd::requires_grad(exponent) ? SavedTensor(out, "pow") : SavedTensor();
+  return record("pow", {a, exponent}, std::move(out), [sa, sb, sy](const Tensor& g, const FunctionNode& n) -> Grads {
+    Tensor x = sa.unpack(), e = sb.unpack();
+    Tensor ga, gb;
+    if (n.needs_input_grad(0))  // g * e * x^(e - 1)
+      ga = native::mul(g, native::mul(e, native::binary(ElemOp::Pow, x, native::add(e, Scalar(-1.0)))));
+    if (n.needs_input_grad(1)) {  // g * y * log(x), taken as 0 where x == 0 (as PyTorch)
+      gb = native::mul(g, native::mul(sy.unpack(), native::unary(ElemOp::Log, x)));
+      gb = native::where(native::scalar_op(ElemOp::EqScalar, x, 0), zero_of(gb), gb);
+    }
+    return {ga, gb};
+  });
+}
+
+Tensor clamp(const Tensor& a, Scalar lo, Scalar hi) {
+  Tensor out = native::unary(ElemOp::Clamp, a, lo.to_double(), hi.to_double());
+  if (!should_record(a)) return out;
+  SavedTensor sx(a, "clamp");
+  return record("clamp", {a}, std::move(out), [sx, lo, hi](const Tensor& g, const FunctionNode&) -> Grads {
+    // g where lo <= x <= hi, in one fused kernel.
+    return {native::binary(ElemOp::ClampBackward, g, sx.unpack(), lo.to_double(), hi.to_double())};
+  });
+}
+
+namespace {
+// maximum / minimum: the gradient goes to the selected input, split in half on ties.
+Tensor extremum(const char* name, ElemOp op, ElemOp wins, const Tensor& a, const Tensor& b) {
+  Tensor out = native::binary(op, a, b);
+  if (!should_record(a, b)) return out;
+  SavedTensor sa(a, name), sb(b, name);
+  return record(name, {a, b}, std::move(out), [sa, sb, wins](const Tensor& g, const FunctionNode& n) -> Grads {
+    Tensor x = sa.unpack(), y = sb.unpack();
+    Tensor half = native::mul(mask_grad(native::binary(ElemOp::Eq, x, y), g), Scalar(0.5));
+    Tensor ga, gb;
+    if (n.needs_input_grad(0)) ga = native::where(native::binary(wins, x, y), g, half);
+    if (n.needs_input_grad(1)) gb = native::where(native::binary(wins, y, x), g, half);
+    // `half` is 0 where the other input wins, so the where above is exact.
+    return {ga, gb};
+  });
+}
+}  // namespace
+
+Tensor maximum(const Tensor& a, const Tensor& b) { return extremum("maximum", ElemOp::Maximum, ElemOp::Gt, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return extremum("minimum", ElemOp::Minimum, ElemOp::Lt, a, b); }
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  Tensor out = native::where(cond, a, b);
+  if (!should_record(a, b)) return out;
+  SavedTensor sc(cond, "where");
+  return record("where", {a, b}, std::move(out), [sc](const Tensor& g, const FunctionNode& n) -> Grads {
+    Tensor c = sc.unpack();
+    return {n.needs_input_grad(0) ? native::where(c, g, zero_of(g)) : Tensor(),
+            n.needs_input_grad(1) ? native::where(c, zero_of(g), g) : Tensor()};
+  });
+}
+
+// ---- comparisons: boolean results, never differentiable
+Tensor eq(const Tensor& a, const Tensor& b) { return native::binary(ElemOp::Eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return native::binary(ElemOp::Ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return native::binary(ElemOp::Lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return native::binary(ElemOp::Le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return native::binary(ElemOp::Gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return native::binary(ElemOp::Ge, a, b); }
+
+}  // namespace tg

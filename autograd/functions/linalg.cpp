@@ -1,0 +1,53 @@
+// matmul with its backward: gradients are matmuls against transposed VIEWS
+// (native::matmul hands the transpose to the BLAS, no copy); broadcast batch
+// dims are reduced by the engine's central sum_to.
+#include <vector>
+
+#include "autograd/function.h"
+
+namespace tg {
+
+using autograd::FunctionNode;
+using autograd::record;
+using autograd::SavedTensor;
+using autograd::should_record;
+using Grads = std::vector<Tensor>;
+
+namespace {
+Tensor mT(const Tensor& t) { return native::transpose(t, t.dim() - 2, t.dim() - 1); }
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  Tensor out = native::matmul(a, b);
+  if (!should_record(a, b)) return out;
+  SavedTensor sa = autograd::requires_grad(b) ? SavedTensor(a, "matmul") : SavedTensor();
+  SavedTensor sb = autograd::requires_grad(a) ? SavedTensor(b, "matmul") : SavedTensor();
+  const bool a1 = a.dim() == 1, b1 = b.dim() == 1;
+  return record("matmul", {a, b}, std::move(out), [sa, sb, a1, b1](const Tensor& g, const FunctionNode& n) -> Grads {
+    Tensor ga, gb;
+    if (a1 && b1) {  // dot product: g is a scalar
+      if (n.needs_input_grad(0)) ga = native::mul(sb.unpack(), g);
+      if (n.needs_input_grad(1)) gb = native::mul(sa.unpack(), g);
+      return {ga, gb};
+    }
+    // Put the dims that 1-D operands dropped back: a (k) -> (1, k), b (k) -> (k, 1).
+    Tensor g2 = g;
+    if (b1) g2 = native::unsqueeze(g2, g2.dim());
+    if (a1) g2 = native::unsqueeze(g2, g2.dim() - 1);
+    if (n.needs_input_grad(0)) {
+      Tensor bv = sb.unpack();
+      Tensor b2 = b1 ? native::unsqueeze(bv, 1) : bv;
+      ga = native::matmul(g2, mT(b2));  // (..., m, k)
+      if (a1) ga = native::squeeze(ga, ga.dim() - 2);
+    }
+    if (n.needs_input_grad(1)) {
+      Tensor av = sa.unpack();
+      Tensor a2 = a1 ? native::unsqueeze(av, 0) : av;
+      gb = native::matmul(mT(a2), g2);  // (..., k, n)
+      if (b1) gb = native::squeeze(gb, gb.dim() - 1);
+    }
+    return {ga, gb};
+  });
+}
+
+}  // namespace tg

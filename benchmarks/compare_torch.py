@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Side-by-side timings: tapegrad's benchmark programs against the same workloads in PyTorch.
+
+Runs tg_bench_gpu and tg_bench_cpu (from --bench-dir) or reads their JSON lines from files
+(--tg-json), times PyTorch with the same method (warm-up discarded, median of >= 10 repeats,
+torch.cuda.Event for device work, host clock + synchronize for host-side workloads), and
+prints a table LAST: workload | tapegrad | PyTorch | ratio | target.
+
+ratio is tapegrad relative to the baseline in the workload's own unit: for throughputs
+(TFLOP/s, GB/s) tapegrad / PyTorch (higher is better); for times (ms, us/op) tapegrad's
+time / PyTorch's time (lower is better). Exit status: 0 unless a program failed (or, with
+--strict, a target was missed).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+# workload -> (label, direction, target). direction "higher": throughput; "lower": time.
+# target: ("ratio", op, x) compares the ratio; ("abs", op, x) compares tapegrad's value.
+WORKLOADS = [
+    ("matmul_fp32", "matmul 8000 fp32", "higher", ("ratio", ">=", 0.97)),
+    ("matmul_tf32", "matmul 8000 tf32", "higher", ("ratio", ">=", 0.97)),
+    ("matmul_fp16", "matmul 8000 fp16", "higher", ("ratio", ">=", 0.97)),
+    ("matmul_bf16", "matmul 8000 bf16", "higher", ("ratio", ">=", 0.97)),
+    ("add_2^28", "add 2^28 fp32", "higher", ("ratio", ">=", 0.95)),
+    ("standardize_1Mx64", "standardize 1Mx64", "lower", ("ratio", "<=", 0.5, " (2x faster)")),
+    ("cpu_8000x8000", "cpu() 8000^2 fp32", "lower", ("ratio", "<=", 0.2, " (5x faster)")),
+    ("to_vector_8000x8000", "to_vector 8000^2", "lower", None),  # vs torch .cpu(); for information
+    ("dependent_adds_16", "1000 dep. adds x16", "lower", ("abs", "<=", 4.0)),
+    ("cpu_matmul_1024", "CPU matmul 1024 (vs Eigen)", "higher", ("ratio", ">=", 0.9)),
+]
+
+
+def median_of(fn, warmup, reps):
+    for _ in range(warmup):
+        fn()
+    return statistics.median(fn() for _ in range(reps))
+
+
+def torch_timings(warmup, reps, only):
+    """Times the GPU workloads in PyTorch; returns {workload: (value, unit)}."""
+    try:
+        import torch
+    except ImportError:
+        print("compare_torch: PyTorch is not installed; tapegrad's numbers only", file=sys.stderr)
+        return {}
+    if not torch.cuda.is_available():
+        print("compare_torch: PyTorch sees no CUDA device; tapegrad's numbers only", file=sys.stderr)
+        return {}
+    out = {}
+    wants = lambda w: not only or only in w
+
+    def event_ms(fn):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+        def once():
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+
+        torch.cuda.synchronize()
+        return median_of(once, warmup, reps)
+
+    def wall_ms(fn):
+        def once():
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            return (time.perf_counter() - t0) * 1e3
+
+        torch.cuda.synchronize()
+        return median_of(once, warmup, reps)
+
+    n = 8000
+    flops = 2.0 * n**3
+    for name, dtype, tf32 in [("matmul_fp32", torch.float32, False), ("matmul_tf32", torch.float32, True),
+                              ("matmul_fp16", torch.float16, False), ("matmul_bf16", torch.bfloat16, False)]:
+        if not wants(name):
+            continue
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        sets = [(torch.rand(n, n, device="cuda").to(dtype), torch.rand(n, n, device="cuda").to(dtype)) for _ in range(3)]
+        i = [0]
+
+        def mm():
+            a, b = sets[i[0] % 3]
+            i[0] += 1
+            return a @ b
+
+        ms = event_ms(mm)
+        out[name] = (flops / (ms * 1e-3) / 1e12, "TFLOP/s")
+        del sets
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    if wants("add_2^28"):
+        n_add = 1 << 28
+        a, b = torch.rand(n_add, device="cuda"), torch.rand(n_add, device="cuda")
+        ms = event_ms(lambda: a + b)
+        out["add_2^28"] = (3 * 4 * n_add / (ms * 1e-3) / 1e9, "GB/s")
+        del a, b
+    if wants("standardize"):
+        x = torch.rand(1_000_000, 64, device="cuda")
+        out["standardize_1Mx64"] = (event_ms(lambda: (x - x.mean(0)) / x.std(0)), "ms")
+        del x
+    if wants("cpu_8000") or wants("to_vector_8000"):
+        x = torch.rand(8000, 8000, device="cuda")
+        ms = wall_ms(lambda: x.cpu())
+        out["cpu_8000x8000"] = (ms, "ms")
+        out["to_vector_8000x8000"] = (ms, "ms")
+        del x
+    if wants("dependent_adds"):
+        x = torch.rand(16, device="cuda")
+
+        def chain():
+            y = x
+            for _ in range(1000):
+                y = y + x
+            return y
+
+        out["dependent_adds_16"] = (wall_ms(chain) * 1e3 / 1000, "us/op")
+    torch.cuda.empty_cache()
+    return out
+
+
+def run_tg_programs(bench_dir, reps, only):
+    """Runs the C++ benchmark programs; returns (parsed JSON records, failed program names)."""
+    records, failed = [], []
+    for prog in ("tg_bench_gpu", "tg_bench_cpu"):
+        path = os.path.join(bench_dir, prog)
+        if not os.path.exists(path):
+            print(f"compare_torch: {path} not found (build with -DTG_BUILD_BENCHMARKS=ON)", file=sys.stderr)
+            failed.append(prog)
+            continue
+        cmd = [path, "--reps", str(reps)] + (["--only", only] if only else [])
+        print("compare_torch: running", " ".join(cmd), file=sys.stderr, flush=True)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        records += parse_lines(proc.stdout.splitlines())
+        if proc.returncode != 0:
+            print(f"compare_torch: {prog} exited with {proc.returncode}", file=sys.stderr)
+            failed.append(prog)
+    return records, failed
+
+
+def parse_lines(lines):
+    records = []
+    for line in lines:
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                print(f"compare_torch: not JSON: {line}", file=sys.stderr)
+    return records
+
+
+def fmt(v, unit):
+    if v is None:
+        return "-"
+    return f"{v:.3g} {unit}" if abs(v) < 1000 else f"{v:.0f} {unit}"
+
+
+def table(tg, base):
+    """Returns (rows as lists of strings, number of missed targets)."""
+    rows, missed = [], 0
+    for key, label, direction, target in WORKLOADS:
+        rec = tg.get(key)
+        tv, unit = (rec["value"], rec["unit"]) if rec else (None, "")
+        if key == "cpu_matmul_1024" and rec and "baseline" in rec:
+            bv, bunit = rec["baseline"], rec["unit"] + " (Eigen)"
+        else:
+            bv, bunit = base.get(key, (None, unit))
+        ratio = tv / bv if tv is not None and bv else None
+        verdict, tstr = "", "-"
+        if target:
+            kind, op, x, note = (tuple(target) + ("",))[:4]
+            tstr = f"{'ratio' if kind == 'ratio' else 'value'} {op} {x:g}{note}"
+            got = ratio if kind == "ratio" else tv
+            if got is not None:
+                ok = got >= x if op == ">=" else got <= x
+                verdict = "ok" if ok else "MISS"
+                missed += not ok
+        rows.append([label, fmt(tv, unit), fmt(bv, bunit if bv is not None else ""),
+                     f"{ratio:.3f}x" if ratio is not None else "-", tstr, verdict])
+    return rows, missed
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bench-dir", help="directory holding tg_bench_gpu / tg_bench_cpu (a build's benchmarks/)")
+    p.add_argument("--tg-json", nargs="*", default=[], help="files of JSON lines written by the programs instead")
+    p.add_argument("--reps", type=int, default=15, help="repeats per workload (>= 10)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--only", default="", help="only workloads whose name contains this")
+    p.add_argument("--no-torch", action="store_true", help="skip PyTorch")
+    p.add_argument("--json-out", help="write all measurements here as JSON")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    a = p.parse_args()
+    a.reps = max(10, a.reps)
+
+    records, failed = [], []
+    if a.bench_dir:
+        records, failed = run_tg_programs(a.bench_dir, a.reps, a.only)
+    for path in a.tg_json:
+        with open(path) as f:
+            records += parse_lines(f)
+    tg = {r["workload"]: r for r in records}
+    base = {} if a.no_torch else torch_timings(a.warmup, a.reps, a.only)
+
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump({"tapegrad": tg, "pytorch": {k: {"value": v, "unit": u} for k, (v, u) in base.items()}}, f,
+                      indent=1)
+
+    rows, missed = table(tg, base)
+    head = ["workload", "tapegrad", "PyTorch", "ratio", "target", ""]
+    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+    print()
+    print(line(head))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print(line(r))
+    print(f"({missed} target(s) missed; ratio: tapegrad / baseline in the row's unit"
+          f"{'; failed: ' + ', '.join(failed) if failed else ''})")
+    sys.exit(1 if failed or (a.strict and missed) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+// The CPU backend's internal interface: the host caching allocator and the
+// kernel entry points CpuBackend (cpu_backend.cpp) forwards to. Not installed.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/backend/backend.h"
+#include "core/storage.h"
+
+namespace tg::cpu {
+
+// The caching host allocator: 64-byte aligned blocks; freed blocks go to
+// size-bucketed free lists and are reused, up to a cap on cached bytes.
+Allocator* host_allocator();
+// Returns every cached (free) block to the system.
+void release_cached();
+size_t cached_bytes();     // free blocks held in the cache
+size_t allocated_bytes();  // blocks currently handed out
+// Cap on cached bytes (default 1 GiB, or TG_CPU_CACHE_MB); blocks freed beyond it go back to the system.
+void set_cache_limit(size_t bytes);
+
+// Kernels (trust their inputs: the front-ends validated them).
+void elementwise(backend::ElemOp op, const backend::ElementwiseIter& it);
+void copy_kernel(const backend::ElementwiseIter& it);  // ElemOp::Copy, any dtype pair
+// The halves of elementwise(), split by arity to keep the translation units small.
+void unary_kernel(backend::ElemOp op, const backend::ElementwiseIter& it);   // Fill and 1-input ops
+void binary_kernel(backend::ElemOp op, const backend::ElementwiseIter& it);  // 2- and 3-input ops
+void reduce(const backend::ReduceArgs& args);
+void gemm(const backend::GemmArgs& args);
+void uniform(const Tensor& out, uint64_t seed, uint64_t offset, double lo, double hi);
+void normal(const Tensor& out, uint64_t seed, uint64_t offset, double mean, double std);
+void randperm(const Tensor& out, uint64_t seed, uint64_t offset);
+void arange(const Tensor& out, double start, double step);
+void index_select(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index);
+
+// Name of an elementwise op for error messages.
+const char* op_name(backend::ElemOp op);
+
+// Elements per parallel chunk for cheap elementwise work.
+inline constexpr int64_t kGrain = 32768;
+
+}  // namespace tg::cpu

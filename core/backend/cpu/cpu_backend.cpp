@@ -1,0 +1,67 @@
+// CpuBackend: the CPU row of the kernel table (core/backend/backend.h). Each
+// entry forwards to the kernels in this folder.
+#include "core/backend/cpu/cpu.h"
+
+namespace tg::cpu {
+
+namespace {
+int arity(backend::ElemOp op) {
+  switch (op) {
+#define TG_ELEM_ARITY(name, n) \
+  case backend::ElemOp::name:  \
+    return n;
+    TG_ELEMENTWISE_OPS(TG_ELEM_ARITY)
+#undef TG_ELEM_ARITY
+  }
+  return -1;
+}
+}  // namespace
+
+const char* op_name(backend::ElemOp op) {
+  switch (op) {
+#define TG_ELEM_NAME(name, n) \
+  case backend::ElemOp::name: \
+    return #name;
+    TG_ELEMENTWISE_OPS(TG_ELEM_NAME)
+#undef TG_ELEM_NAME
+  }
+  return "?";
+}
+
+void elementwise(backend::ElemOp op, const backend::ElementwiseIter& it) {
+  if (op == backend::ElemOp::Copy) return copy_kernel(it);
+  if (arity(op) <= 1) return unary_kernel(op, it);
+  binary_kernel(op, it);
+}
+
+namespace {
+
+class CpuBackend final : public backend::Backend {
+ public:
+  void elementwise(backend::ElemOp op, const backend::ElementwiseIter& it) override { cpu::elementwise(op, it); }
+  void reduce(const backend::ReduceArgs& args) override { cpu::reduce(args); }
+  void gemm(const backend::GemmArgs& args) override { cpu::gemm(args); }
+  void uniform(const Tensor& out, uint64_t seed, uint64_t offset, double lo, double hi) override {
+    cpu::uniform(out, seed, offset, lo, hi);
+  }
+  void normal(const Tensor& out, uint64_t seed, uint64_t offset, double mean, double std) override {
+    cpu::normal(out, seed, offset, mean, std);
+  }
+  void randperm(const Tensor& out, uint64_t seed, uint64_t offset) override { cpu::randperm(out, seed, offset); }
+  void arange(const Tensor& out, double start, double step) override { cpu::arange(out, start, step); }
+  void index_select(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index) override {
+    cpu::index_select(out, in, dim, index);
+  }
+};
+
+}  // namespace
+}  // namespace tg::cpu
+
+namespace tg::backend {
+
+Backend& cpu() {
+  static tg::cpu::CpuBackend backend;
+  return backend;
+}
+
+}  // namespace tg::backend

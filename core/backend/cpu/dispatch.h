@@ -1,0 +1,73 @@
+// dtype dispatch for the CPU elementwise kernels: runs a generic lambda with the
+// storage type of a runtime dtype, limited at compile time to the dtypes an op
+// supports, and throws a tg::Error naming the op and dtype for the rest.
+#pragma once
+#include "core/backend/backend.h"
+#include "core/backend/cpu/cpu.h"
+#include "core/backend/cpu/loops.h"
+#include "core/error.h"
+
+namespace tg::cpu {
+
+enum class Kinds { Float, Numeric, All };  // float types; + int32/int64; + bool
+
+template <Kinds K, typename F>
+void dispatch(backend::ElemOp op, DType t, F&& f) {
+  switch (t) {
+    case DType::Float32:
+      return f(float{});
+    case DType::Float16:
+      return f(Half{});
+    case DType::BFloat16:
+      return f(BFloat16{});
+    case DType::Float64:
+      return f(double{});
+    case DType::Int64:
+      if constexpr (K != Kinds::Float) return f(int64_t{});
+      break;
+    case DType::Int32:
+      if constexpr (K != Kinds::Float) return f(int32_t{});
+      break;
+    case DType::Bool:
+      if constexpr (K == Kinds::All) return f(bool{});
+      break;
+  }
+  TG_ERROR(op_name(op), ": dtype ", dtype_name(t), " is not supported on cpu",
+           K == Kinds::Float ? " (floating types only)" : "");
+}
+
+// Scalar parameter i in the op's compute type: dparams for floating types, iparams otherwise.
+template <typename T>
+opmath_t<T> param(const backend::ElementwiseIter& it, int i) {
+  if constexpr (kIsFloat<T>) {
+    return static_cast<opmath_t<T>>(it.dparams[i]);
+  } else {
+    return static_cast<opmath_t<T>>(it.iparams[i]);
+  }
+}
+
+// Scalar for a comparison: rounded to T first, as PyTorch compares in the tensor's dtype.
+template <typename T>
+opmath_t<T> compare_param(const backend::ElementwiseIter& it, int i) {
+  if constexpr (kIsFloat<T>) {
+    return static_cast<opmath_t<T>>(static_cast<T>(static_cast<opmath_t<T>>(it.dparams[i])));
+  } else {
+    return static_cast<opmath_t<T>>(it.iparams[i]);
+  }
+}
+
+// out = f(opmath(x)) stored back as T.
+template <typename T, typename F>
+void map1(const backend::ElementwiseIter& it, const F& f) {
+  using A = opmath_t<T>;
+  cpu_kernel<T, T>(it, [f](T x) { return static_cast<T>(f(static_cast<A>(x))); });
+}
+
+// out = f(opmath(a), opmath(b)) stored back as T.
+template <typename T, typename F>
+void map2(const backend::ElementwiseIter& it, const F& f) {
+  using A = opmath_t<T>;
+  cpu_kernel<T, T, T>(it, [f](T a, T b) { return static_cast<T>(f(static_cast<A>(a), static_cast<A>(b))); });
+}
+
+}  // namespace tg::cpu

@@ -1,0 +1,142 @@
+// CPU kernels for the two- and three-input elementwise ops: arithmetic,
+// comparisons, the fused backward helpers and where.
+#include <cmath>
+
+#include "core/backend/cpu/dispatch.h"
+
+namespace tg::cpu {
+
+using backend::ElementwiseIter;
+using backend::ElemOp;
+
+namespace {
+
+template <typename T, typename Cmp>
+void compare(const ElementwiseIter& it, Cmp cmp) {
+  using A = opmath_t<T>;
+  cpu_kernel<bool, T, T>(it, [cmp](T a, T b) { return cmp(static_cast<A>(a), static_cast<A>(b)); });
+}
+
+// a + alpha * b (sign = -1 for Sub); alpha == 1 skips the multiply.
+template <typename T>
+void add_sub(const ElementwiseIter& it, int sign) {
+  using A = opmath_t<T>;
+  const A alpha = param<T>(it, 0);
+  if (alpha == A(1)) {
+    if (sign > 0) {
+      map2<T>(it, [](A a, A b) { return a + b; });
+    } else {
+      map2<T>(it, [](A a, A b) { return a - b; });
+    }
+  } else {
+    const A s = sign > 0 ? alpha : A(-alpha);
+    map2<T>(it, [s](A a, A b) { return a + s * b; });
+  }
+}
+
+}  // namespace
+
+void binary_kernel(ElemOp op, const ElementwiseIter& it) {
+  const DType t = it.dtypes[0];
+  switch (op) {
+    case ElemOp::Add:
+      return dispatch<Kinds::Numeric>(op, t, [&](auto tag) { add_sub<decltype(tag)>(it, 1); });
+    case ElemOp::Sub:
+      return dispatch<Kinds::Numeric>(op, t, [&](auto tag) { add_sub<decltype(tag)>(it, -1); });
+    case ElemOp::Mul:
+      return dispatch<Kinds::Numeric>(op, t,
+                                      [&](auto tag) { map2<decltype(tag)>(it, [](auto a, auto b) { return a * b; }); });
+    case ElemOp::Div:
+      return dispatch<Kinds::Float>(op, t,
+                                    [&](auto tag) { map2<decltype(tag)>(it, [](auto a, auto b) { return a / b; }); });
+    case ElemOp::Pow:
+      return dispatch<Kinds::Float>(
+          op, t, [&](auto tag) { map2<decltype(tag)>(it, [](auto a, auto b) { return std::pow(a, b); }); });
+    case ElemOp::Maximum:  // NaN in either input gives NaN
+      return dispatch<Kinds::Numeric>(
+          op, t, [&](auto tag) { map2<decltype(tag)>(it, [](auto a, auto b) { return (a != a || a > b) ? a : b; }); });
+    case ElemOp::Minimum:
+      return dispatch<Kinds::Numeric>(
+          op, t, [&](auto tag) { map2<decltype(tag)>(it, [](auto a, auto b) { return (a != a || a < b) ? a : b; }); });
+    case ElemOp::Eq:
+      return dispatch<Kinds::All>(op, it.dtypes[1],
+                                  [&](auto tag) { compare<decltype(tag)>(it, [](auto a, auto b) { return a == b; }); });
+    case ElemOp::Ne:
+      return dispatch<Kinds::All>(op, it.dtypes[1],
+                                  [&](auto tag) { compare<decltype(tag)>(it, [](auto a, auto b) { return a != b; }); });
+    case ElemOp::Lt:
+      return dispatch<Kinds::All>(op, it.dtypes[1],
+                                  [&](auto tag) { compare<decltype(tag)>(it, [](auto a, auto b) { return a < b; }); });
+    case ElemOp::Le:
+      return dispatch<Kinds::All>(op, it.dtypes[1],
+                                  [&](auto tag) { compare<decltype(tag)>(it, [](auto a, auto b) { return a <= b; }); });
+    case ElemOp::Gt:
+      return dispatch<Kinds::All>(op, it.dtypes[1],
+                                  [&](auto tag) { compare<decltype(tag)>(it, [](auto a, auto b) { return a > b; }); });
+    case ElemOp::Ge:
+      return dispatch<Kinds::All>(op, it.dtypes[1],
+                                  [&](auto tag) { compare<decltype(tag)>(it, [](auto a, auto b) { return a >= b; }); });
+
+    // ---- fused backward helpers: operand 1 is the incoming gradient g, operand 2 the saved tensor
+    case ElemOp::ReluBackward:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using A = opmath_t<decltype(tag)>;
+        map2<decltype(tag)>(it, [](A g, A x) { return x > A(0) ? g : A(0); });
+      });
+    case ElemOp::GeluBackward:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using A = opmath_t<decltype(tag)>;
+        map2<decltype(tag)>(it, [](A g, A x) {
+          const A kInvSqrt2Pi = A(0.3989422804014327);  // 1 / sqrt(2 pi)
+          A cdf = A(0.5) * (A(1) + std::erf(x * A(M_SQRT1_2)));
+          A pdf = kInvSqrt2Pi * std::exp(A(-0.5) * x * x);
+          return g * (cdf + x * pdf);
+        });
+      });
+    case ElemOp::SigmoidBackward:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using A = opmath_t<decltype(tag)>;
+        map2<decltype(tag)>(it, [](A g, A y) { return g * y * (A(1) - y); });
+      });
+    case ElemOp::TanhBackward:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using A = opmath_t<decltype(tag)>;
+        map2<decltype(tag)>(it, [](A g, A y) { return g * (A(1) - y * y); });
+      });
+    case ElemOp::ClampBackward:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using T = decltype(tag);
+        using A = opmath_t<T>;
+        const A lo = param<T>(it, 0), hi = param<T>(it, 1);
+        map2<T>(it, [lo, hi](A g, A x) { return (x >= lo && x <= hi) ? g : A(0); });
+      });
+    case ElemOp::AbsBackward:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using A = opmath_t<decltype(tag)>;
+        map2<decltype(tag)>(it, [](A g, A x) { return x > A(0) ? g : (x < A(0) ? -g : A(0)); });
+      });
+    case ElemOp::PowScalarBackward:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using T = decltype(tag);
+        using A = opmath_t<T>;
+        const A p = param<T>(it, 0);
+        if (p == A(0)) {
+          map2<T>(it, [](A, A) { return A(0); });
+        } else if (p == A(2)) {
+          map2<T>(it, [](A g, A x) { return g * A(2) * x; });
+        } else {
+          map2<T>(it, [p](A g, A x) { return g * p * std::pow(x, p - A(1)); });
+        }
+      });
+
+    case ElemOp::Where:
+      return dispatch<Kinds::All>(op, t, [&](auto tag) {
+        using T = decltype(tag);
+        cpu_kernel<T, bool, T, T>(it, [](bool c, T a, T b) { return c ? a : b; });
+      });
+    default:
+      TG_ERROR("cpu binary_kernel: ", op_name(op), " is not a two- or three-input op");
+  }
+}
+
+}  // namespace tg::cpu

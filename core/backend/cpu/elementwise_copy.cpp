@@ -1,0 +1,52 @@
+// The CPU Copy kernel: every pair of the 7 dtypes, strided either side.
+// Conversions go through float for Half / bfloat16; to bool means != 0.
+#include <cstring>
+#include <type_traits>
+
+#include "core/backend/cpu/dispatch.h"
+
+namespace tg::cpu {
+
+namespace {
+
+template <typename T>
+inline constexpr bool kIs16 = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+template <typename To, typename From>
+To convert(From v) {
+  if constexpr (std::is_same_v<To, From>) {
+    return v;
+  } else if constexpr (kIs16<From>) {
+    return convert<To>(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<To, bool>) {
+    return v != From(0);
+  } else if constexpr (kIs16<To>) {
+    return To(static_cast<float>(v));
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+}  // namespace
+
+void copy_kernel(const backend::ElementwiseIter& it) {
+  const DType to = it.dtypes[0], from = it.dtypes[1];
+  if (to == from && it.contiguous) {
+    const size_t es = element_size(to);
+    parallel(0, it.numel, kGrain * 4, [&](int64_t lo, int64_t hi) {
+      if (it.data[0] != it.data[1]) {
+        std::memmove(it.data[0] + lo * es, it.data[1] + lo * es, static_cast<size_t>(hi - lo) * es);
+      }
+    });
+    return;
+  }
+  dispatch<Kinds::All>(backend::ElemOp::Copy, to, [&](auto out_tag) {
+    using To = decltype(out_tag);
+    dispatch<Kinds::All>(backend::ElemOp::Copy, from, [&](auto in_tag) {
+      using From = decltype(in_tag);
+      cpu_kernel<To, From>(it, [](From v) { return convert<To>(v); });
+    });
+  });
+}
+
+}  // namespace tg::cpu

@@ -1,0 +1,72 @@
+// CudaBackend: the CUDA row of the backend kernel table. Each call makes the
+// operands' device current and forwards to the kernel units (kernels.cuh), which
+// launch on that device's current stream and never synchronise the host.
+#include "core/backend/backend.h"
+#include "core/backend/cuda/blas.h"
+#include "core/backend/cuda/elementwise_ops.cuh"
+#include "core/backend/cuda/kernels.cuh"
+#include "core/backend/cuda/runtime.h"
+
+namespace tg::cuda::kern {
+
+void elementwise(backend::ElemOp op, const backend::ElementwiseIter& it) {
+  if (elementwise_copy(op, it) || elementwise_binary(op, it) || elementwise_unary(op, it) ||
+      elementwise_compare(op, it))
+    return;
+  TG_ERROR(backend::elem_op_name(op), ": no CUDA kernel for this op");
+}
+
+}  // namespace tg::cuda::kern
+
+namespace tg::backend {
+namespace {
+
+int device_of(const Tensor& t) { return t.device().index() < 0 ? 0 : t.device().index(); }
+
+class CudaBackend final : public Backend {
+ public:
+  void elementwise(ElemOp op, const ElementwiseIter& it) override {
+    if (it.numel == 0) return;
+    cuda::detail::DeviceGuard guard(it.device.index() < 0 ? 0 : it.device.index());
+    cuda::kern::elementwise(op, it);
+  }
+  void reduce(const ReduceArgs& args) override {
+    cuda::detail::DeviceGuard guard(device_of(args.in));
+    cuda::kern::reduce(args);
+  }
+  void gemm(const GemmArgs& args) override { cuda::detail::gemm(args); }
+  void uniform(const Tensor& out, uint64_t seed, uint64_t offset, double lo, double hi) override {
+    if (out.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(out));
+    cuda::kern::uniform(out, seed, offset, lo, hi);
+  }
+  void normal(const Tensor& out, uint64_t seed, uint64_t offset, double mean, double std) override {
+    if (out.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(out));
+    cuda::kern::normal(out, seed, offset, mean, std);
+  }
+  void randperm(const Tensor& out, uint64_t seed, uint64_t offset) override {
+    if (out.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(out));
+    cuda::kern::randperm(out, seed, offset);
+  }
+  void arange(const Tensor& out, double start, double step) override {
+    if (out.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(out));
+    cuda::kern::arange(out, start, step);
+  }
+  void index_select(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index) override {
+    if (out.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(out));
+    cuda::kern::index_select(out, in, dim, index);
+  }
+};
+
+}  // namespace
+
+Backend* cuda() {
+  static CudaBackend backend;
+  return &backend;
+}
+
+}  // namespace tg::backend

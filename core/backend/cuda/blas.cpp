@@ -1,0 +1,315 @@
+// cuBLAS / cuBLASLt handles, the per-stream workspace, and the gemm of the CUDA
+// backend. Row-major C = A B is computed as the column-major C^T = B^T A^T: the
+// libraries get (B, A) with m and n swapped, so no data is ever transposed.
+#include "core/backend/cuda/blas.h"
+
+#include <array>
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "core/backend/cuda/runtime.h"
+#include "core/cuda.h"
+#include "core/ops.h"
+
+namespace tg::cuda::detail {
+namespace {
+
+constexpr int kMaxDevices = 64;
+constexpr size_t kWorkspaceBytes = 32 << 20;
+
+// ---- cuBLAS handles: one per device per thread, from a process-wide pool.
+// A thread returns its handles to the pool when it exits (no CUDA call at
+// thread exit); the pool itself is never destroyed, so no cublasDestroy runs
+// during process teardown, when the CUDA runtime may already be gone.
+struct HandlePool {
+  std::mutex mu;
+  std::array<std::vector<cublasHandle_t>, kMaxDevices> free;
+};
+HandlePool& handle_pool() {
+  static HandlePool* pool = std::make_unique<HandlePool>().release();
+  return *pool;
+}
+
+struct ThreadHandles {
+  std::array<cublasHandle_t, kMaxDevices> h{};
+  ~ThreadHandles() {
+    HandlePool& pool = handle_pool();
+    std::lock_guard<std::mutex> lock(pool.mu);
+    for (int d = 0; d < kMaxDevices; ++d)
+      if (h[d]) pool.free[d].push_back(h[d]);
+  }
+};
+thread_local ThreadHandles tls_handles;
+
+int resolve(int device) {
+  if (device < 0) TG_CUDA_CHECK(cudaGetDevice(&device));
+  TG_CHECK(device < kMaxDevices && device < device_count(), "cuBLAS: invalid CUDA device ", device);
+  return device;
+}
+
+// ---- workspaces: one per (device, stream), so concurrent streams never share one.
+struct Workspaces {
+  std::mutex mu;
+  std::map<std::pair<int, cudaStream_t>, DataPtr> by_stream;
+};
+Workspaces& workspaces() {
+  static Workspaces* w = std::make_unique<Workspaces>().release();
+  return *w;
+}
+
+// ---- cuBLASLt plans (descriptors + chosen algorithm), cached per shape.
+struct LtDescDelete {
+  void operator()(cublasLtMatmulDesc_t d) const { (void)cublasLtMatmulDescDestroy(d); }
+};
+struct LtLayoutDelete {
+  void operator()(cublasLtMatrixLayout_t l) const { (void)cublasLtMatrixLayoutDestroy(l); }
+};
+struct LtPrefDelete {
+  void operator()(cublasLtMatmulPreference_t p) const { (void)cublasLtMatmulPreferenceDestroy(p); }
+};
+using LtDesc = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, LtDescDelete>;
+using LtLayout = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, LtLayoutDelete>;
+using LtPref = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, LtPrefDelete>;
+
+struct LtPlan {
+  LtDesc desc;
+  LtLayout a, b, c;  // in cuBLAS terms: a = our B, b = our A
+  cublasLtMatmulAlgo_t algo;
+};
+using LtKey = std::array<int64_t, 16>;
+struct LtPlans {
+  std::mutex mu;
+  std::map<LtKey, std::unique_ptr<LtPlan>> plans;  // a plan is immutable once built
+};
+LtPlans& lt_plans() {
+  static LtPlans* p = std::make_unique<LtPlans>().release();
+  return *p;
+}
+
+// The largest power of two (<= 256) dividing the address: cuBLASLt picks kernels by alignment.
+int64_t alignment(const void* p) {
+  auto v = reinterpret_cast<uintptr_t>(p);
+  int64_t a = 256;
+  while (a > 1 && (v % static_cast<uintptr_t>(a)) != 0) a /= 2;
+  return a;
+}
+
+LtLayout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+  cublasLtMatrixLayout_t l = nullptr;
+  TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
+  LtLayout owned(l);
+  if (batch > 1) {
+    const auto count = static_cast<int32_t>(batch);
+    TG_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    TG_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+  }
+  return owned;
+}
+
+const LtPlan& lt_plan(const backend::GemmArgs& g, int device, cudaDataType_t type) {
+  const LtKey key = {device,
+                     static_cast<int64_t>(g.dtype),
+                     g.m,
+                     g.n,
+                     g.k,
+                     g.batch,
+                     g.trans_a,
+                     g.trans_b,
+                     g.lda,
+                     g.ldb,
+                     g.ldc,
+                     g.stride_a,
+                     g.stride_b,
+                     g.stride_c,
+                     alignment(g.a) * 1024 * 1024 + alignment(g.b) * 1024 + alignment(g.c),
+                     0};
+  LtPlans& cache = lt_plans();
+  std::lock_guard<std::mutex> lock(cache.mu);
+  auto it = cache.plans.find(key);
+  if (it != cache.plans.end()) return *it->second;
+
+  auto plan = std::make_unique<LtPlan>();
+  cublasLtMatmulDesc_t desc = nullptr;
+  TG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  plan->desc.reset(desc);
+  const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS "A" is our B
+  const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  // Column-major views: our B is n x k (k x n stored when transposed), our A is k x m (m x k), C is n x m.
+  plan->a = g.trans_b ? make_layout(type, g.k, g.n, g.ldb, g.batch, g.stride_b)
+                      : make_layout(type, g.n, g.k, g.ldb, g.batch, g.stride_b);
+  plan->b = g.trans_a ? make_layout(type, g.m, g.k, g.lda, g.batch, g.stride_a)
+                      : make_layout(type, g.k, g.m, g.lda, g.batch, g.stride_a);
+  plan->c = make_layout(type, g.n, g.m, g.ldc, g.batch, g.stride_c);
+
+  cublasLtMatmulPreference_t pref_raw = nullptr;
+  TG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_raw));
+  LtPref pref(pref_raw);
+  const uint64_t ws = kWorkspaceBytes;
+  TG_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref_raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const auto align_a = static_cast<uint32_t>(alignment(g.b)), align_b = static_cast<uint32_t>(alignment(g.a)),
+             align_c = static_cast<uint32_t>(alignment(g.c));
+  TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                       sizeof(align_a)));
+  TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                       sizeof(align_b)));
+  TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                                       sizeof(align_c)));
+  TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                                       sizeof(align_c)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  TG_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(device), desc, plan->a.get(), plan->b.get(),
+                                                 plan->c.get(), plan->c.get(), pref_raw, 1, &result, &returned));
+  TG_CHECK(returned > 0, "matmul: cuBLASLt has no algorithm for ", dtype_name(g.dtype), " [", g.batch, ", ", g.m, ", ",
+           g.k, "] x [", g.k, ", ", g.n, "]");
+  plan->algo = result.algo;
+  return *cache.plans.emplace(key, std::move(plan)).first->second;
+}
+
+void check_int(int64_t v, const char* what, const backend::GemmArgs& g) {
+  TG_CHECK(v <= INT_MAX, "matmul: ", what, " = ", v, " exceeds the cuBLAS 32-bit limit for [", g.batch, ", ", g.m, ", ",
+           g.k, "] x [", g.k, ", ", g.n, "]");
+}
+
+}  // namespace
+
+cublasHandle_t cublas_handle(int device) {
+  device = resolve(device);
+  cublasHandle_t& h = tls_handles.h[device];
+  if (!h) {
+    HandlePool& pool = handle_pool();
+    {
+      std::lock_guard<std::mutex> lock(pool.mu);
+      if (!pool.free[device].empty()) {
+        h = pool.free[device].back();
+        pool.free[device].pop_back();
+      }
+    }
+    if (!h) {
+      DeviceGuard g(device);
+      TG_CUBLAS_CHECK(cublasCreate(&h));
+    }
+  }
+  TG_CUBLAS_CHECK(cublasSetStream(h, current_stream_handle(device)));
+  return h;
+}
+
+cublasLtHandle_t cublaslt_handle(int device) {
+  device = resolve(device);
+  // cuBLASLt handles are thread-safe; one per device, kept for the process.
+  static std::array<cublasLtHandle_t, kMaxDevices> handles{};
+  static std::array<std::once_flag, kMaxDevices> once;
+  std::call_once(once[device], [device] {
+    DeviceGuard g(device);
+    TG_CUBLAS_CHECK(cublasLtCreate(&handles[device]));
+  });
+  return handles[device];
+}
+
+void* cublas_workspace(int device, size_t* nbytes) {
+  device = resolve(device);
+  cudaStream_t stream = current_stream_handle(device);
+  Workspaces& w = workspaces();
+  std::lock_guard<std::mutex> lock(w.mu);
+  auto it = w.by_stream.find({device, stream});
+  if (it == w.by_stream.end())
+    it = w.by_stream.emplace(std::make_pair(device, stream), device_allocate(kWorkspaceBytes, device)).first;
+  if (nbytes) *nbytes = kWorkspaceBytes;
+  return it->second.get();
+}
+
+void gemm(const backend::GemmArgs& g) {
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+  const int device = g.device.index() >= 0 ? g.device.index() : resolve(-1);
+  DeviceGuard guard(device);
+  cudaStream_t stream = current_stream_handle(device);
+  const size_t esize = element_size(g.dtype);
+
+  if (g.k == 0) {  // an empty sum: C = 0
+    if (g.batch == 1 || g.stride_c == g.m * g.n) {
+      TG_CUDA_CHECK(cudaMemsetAsync(g.c, 0, static_cast<size_t>(g.batch * g.m * g.n) * esize, stream));
+    } else {
+      for (int64_t b = 0; b < g.batch; ++b)
+        TG_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(g.c) + b * g.stride_c * esize, 0,
+                                      static_cast<size_t>(g.m * g.n) * esize, stream));
+    }
+    return;
+  }
+  for (auto [v, what] : {std::pair{g.m, "m"},
+                         {g.n, "n"},
+                         {g.k, "k"},
+                         {g.batch, "batch"},
+                         {g.lda, "lda"},
+                         {g.ldb, "ldb"},
+                         {g.ldc, "ldc"}})
+    check_int(v, what, g);
+
+  const int m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
+  const int batch = static_cast<int>(g.batch);
+  const int lda = static_cast<int>(g.lda), ldb = static_cast<int>(g.ldb), ldc = static_cast<int>(g.ldc);
+  const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+
+  switch (g.dtype) {
+    case kFloat32: {
+      cublasHandle_t h = cublas_handle(device);
+      size_t ws_size = 0;
+      void* ws = cublas_workspace(device, &ws_size);
+      TG_CUBLAS_CHECK(cublasSetWorkspace(h, ws, ws_size));
+      const float alpha = 1.f, beta = 0.f;
+      const cublasComputeType_t compute = tg::allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+      if (batch == 1) {
+        TG_CUBLAS_CHECK(cublasGemmEx(h, op_b, op_a, n, m, k, &alpha, g.b, CUDA_R_32F, ldb, g.a, CUDA_R_32F, lda, &beta,
+                                     g.c, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+      } else {
+        TG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, op_b, op_a, n, m, k, &alpha, g.b, CUDA_R_32F, ldb, g.stride_b,
+                                                   g.a, CUDA_R_32F, lda, g.stride_a, &beta, g.c, CUDA_R_32F, ldc,
+                                                   g.stride_c, batch, compute, CUBLAS_GEMM_DEFAULT));
+      }
+      return;
+    }
+    case kFloat64: {
+      cublasHandle_t h = cublas_handle(device);
+      size_t ws_size = 0;
+      void* ws = cublas_workspace(device, &ws_size);
+      TG_CUBLAS_CHECK(cublasSetWorkspace(h, ws, ws_size));
+      const double alpha = 1.0, beta = 0.0;
+      const auto* a = static_cast<const double*>(g.a);
+      const auto* b = static_cast<const double*>(g.b);
+      auto* c = static_cast<double*>(g.c);
+      if (batch == 1) {
+        TG_CUBLAS_CHECK(cublasDgemm(h, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc));
+      } else {
+        TG_CUBLAS_CHECK(cublasDgemmStridedBatched(h, op_b, op_a, n, m, k, &alpha, b, ldb, g.stride_b, a, lda,
+                                                  g.stride_a, &beta, c, ldc, g.stride_c, batch));
+      }
+      return;
+    }
+    case kFloat16:
+    case kBFloat16: {
+      const cudaDataType_t type = g.dtype == kFloat16 ? CUDA_R_16F : CUDA_R_16BF;
+      const LtPlan& plan = lt_plan(g, device, type);
+      size_t ws_size = 0;
+      void* ws = cublas_workspace(device, &ws_size);
+      const float alpha = 1.f, beta = 0.f;
+      TG_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(device), plan.desc.get(), &alpha, g.b, plan.a.get(), g.a,
+                                     plan.b.get(), &beta, g.c, plan.c.get(), g.c, plan.c.get(), &plan.algo, ws, ws_size,
+                                     stream));
+      return;
+    }
+    default:
+      TG_ERROR("matmul: CUDA gemm does not support dtype ", dtype_name(g.dtype),
+               " (float32, float64, float16, bfloat16 only)");
+  }
+}
+
+}  // namespace tg::cuda::detail

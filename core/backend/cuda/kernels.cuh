@@ -1,0 +1,18 @@
+// Entry points of the CUDA kernel translation units, called by CudaBackend
+// (backend.cu). The caller has made the operands' device current.
+#pragma once
+#include <cstdint>
+
+#include "core/backend/backend.h"
+
+namespace tg::cuda::kern {
+
+void elementwise(backend::ElemOp op, const backend::ElementwiseIter& it);  // elementwise.cu
+void reduce(const backend::ReduceArgs& args);                               // reduce.cu
+void uniform(const Tensor& out, uint64_t seed, uint64_t offset, double lo, double hi);  // random.cu
+void normal(const Tensor& out, uint64_t seed, uint64_t offset, double mean, double std);
+void randperm(const Tensor& out, uint64_t seed, uint64_t offset);
+void arange(const Tensor& out, double start, double step);  // index.cu
+void index_select(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index);
+
+}  // namespace tg::cuda::kern

@@ -1,0 +1,412 @@
+// The elementwise engine's front-end: type promotion, broadcasting, and the
+// ElementwiseIter (broadcast strides, coalesced dims) every backend loops over.
+// Also copies between dtypes, layouts and devices.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/native.h"
+#ifdef TG_WITH_CUDA
+#include "core/backend/cuda/runtime.h"
+#endif
+
+namespace tg {
+namespace backend {
+
+int elem_op_arity(ElemOp op) {
+  static constexpr int kArity[] = {
+#define TG_ELEM_ARITY(name, n) n,
+      TG_ELEMENTWISE_OPS(TG_ELEM_ARITY)
+#undef TG_ELEM_ARITY
+  };
+  return kArity[static_cast<int>(op)];
+}
+
+const char* elem_op_name(ElemOp op) {
+  static constexpr const char* kNames[] = {
+#define TG_ELEM_NAME(name, n) #name,
+      TG_ELEMENTWISE_OPS(TG_ELEM_NAME)
+#undef TG_ELEM_NAME
+  };
+  return kNames[static_cast<int>(op)];
+}
+
+Backend& get(DeviceType type) {
+  if (type == kCPU) return cpu();
+  Backend* b = cuda();
+  TG_CHECK(b != nullptr, "CUDA op requested but tapegrad was built without CUDA (TG_CUDA=OFF)");
+  return *b;
+}
+
+}  // namespace backend
+
+namespace native {
+using backend::ElemOp;
+using backend::ElementwiseIter;
+
+namespace {
+
+bool is_comparison(ElemOp op) {
+  switch (op) {
+    case ElemOp::Eq: case ElemOp::Ne: case ElemOp::Lt: case ElemOp::Le: case ElemOp::Gt: case ElemOp::Ge:
+    case ElemOp::EqScalar: case ElemOp::NeScalar: case ElemOp::LtScalar: case ElemOp::LeScalar:
+    case ElemOp::GtScalar: case ElemOp::GeScalar:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Ops whose kernels exist for floating dtypes only: integer inputs are promoted to float32 first.
+bool is_float_only(ElemOp op) {
+  switch (op) {
+    case ElemOp::Exp: case ElemOp::Log: case ElemOp::Sqrt: case ElemOp::Sigmoid: case ElemOp::Tanh:
+    case ElemOp::Gelu: case ElemOp::PowScalar: case ElemOp::Pow: case ElemOp::Div: case ElemOp::DivScalar:
+    case ElemOp::RDivScalar: case ElemOp::ReluBackward: case ElemOp::GeluBackward: case ElemOp::SigmoidBackward:
+    case ElemOp::TanhBackward: case ElemOp::ClampBackward: case ElemOp::AbsBackward:
+    case ElemOp::PowScalarBackward:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The user-facing name for messages: "AddScalar" -> "add", "ReluBackward" -> "relu_backward".
+const char* op_label(ElemOp op) {
+  static const std::vector<std::string> labels = [] {
+    std::vector<std::string> out;
+    for (int i = 0; i <= static_cast<int>(ElemOp::Where); ++i) {
+      std::string n = backend::elem_op_name(static_cast<ElemOp>(i)), r;
+      if (n.size() > 6 && n.compare(n.size() - 6, 6, "Scalar") == 0) n.resize(n.size() - 6);
+      for (size_t j = 0; j < n.size(); ++j) {
+        char c = n[j];
+        if (c >= 'A' && c <= 'Z') {
+          if (j > 0 && !(n[j - 1] >= 'A' && n[j - 1] <= 'Z')) r += '_';
+          r += static_cast<char>(c - 'A' + 'a');
+        } else {
+          r += c;
+        }
+      }
+      out.push_back(r == "copy" ? "copy_" : r);
+    }
+    return out;
+  }();
+  return labels[static_cast<size_t>(op)].c_str();
+}
+
+void check_same_device(const char* op, std::initializer_list<const Tensor*> ts) {
+  const Tensor* first = *ts.begin();
+  for (const Tensor* t : ts) {
+    TG_CHECK(t->device() == first->device(), op, ": expected all tensors on one device, got ", first->device(),
+             " and ", t->device());
+  }
+}
+
+// Builds the iter for `out` (already allocated with the broadcast shape) and inputs
+// broadcastable to it. Size-1 dims are dropped; adjacent dims that are contiguous
+// in every operand are merged.
+ElementwiseIter make_iter(const Tensor& out, std::initializer_list<const Tensor*> inputs, const char* op) {
+  ElementwiseIter it;
+  it.noperands = 1 + static_cast<int>(inputs.size());
+  it.numel = out.numel();
+  it.device = out.device();
+  const int nd = static_cast<int>(out.dim());
+  int64_t shape[64];
+  int64_t strides[backend::kMaxOperands][64];
+  TG_CHECK(nd <= 64, op, ": tensors with more than 64 dims are not supported");
+  const Tensor* ops[backend::kMaxOperands];
+  ops[0] = &out;
+  int k = 1;
+  for (const Tensor* t : inputs) ops[k++] = t;
+  for (int o = 0; o < it.noperands; ++o) {
+    const Tensor& t = *ops[o];
+    it.dtypes[o] = t.dtype();
+    it.data[o] = static_cast<char*>(t.impl().storage->data()) + t.storage_offset() * static_cast<int64_t>(t.element_size());
+    const int tnd = static_cast<int>(t.dim());
+    for (int d = 0; d < nd; ++d) {
+      int td = d - (nd - tnd);
+      int64_t sz = td >= 0 ? t.sizes()[td] : 1;
+      strides[o][d] = (td >= 0 && sz != 1) ? t.strides()[td] : 0;
+    }
+  }
+  // Drop size-1 dims, then merge dim d into the next-inner one when contiguous for all operands.
+  int n = 0;
+  for (int d = 0; d < nd; ++d) {
+    if (out.sizes()[d] == 1) continue;
+    shape[n] = out.sizes()[d];
+    for (int o = 0; o < it.noperands; ++o) strides[o][n] = strides[o][d];
+    ++n;
+  }
+  int m = 0;  // coalesced count, building from the outermost
+  for (int d = 0; d < n; ++d) {
+    if (m > 0) {
+      bool merge = true;
+      for (int o = 0; o < it.noperands && merge; ++o) merge = strides[o][m - 1] == strides[o][d] * shape[d];
+      if (merge) {
+        shape[m - 1] *= shape[d];
+        for (int o = 0; o < it.noperands; ++o) strides[o][m - 1] = strides[o][d];
+        continue;
+      }
+    }
+    shape[m] = shape[d];
+    for (int o = 0; o < it.noperands; ++o) strides[o][m] = strides[o][d];
+    ++m;
+  }
+  TG_CHECK(m <= backend::kMaxDims, op, ": too many non-mergeable dims (", m, " > ", backend::kMaxDims, ")");
+  it.ndim = m;
+  bool contig = true;
+  for (int d = 0; d < m; ++d) {
+    it.shape[d] = shape[d];
+    for (int o = 0; o < it.noperands; ++o) it.strides[o][d] = strides[o][d];
+  }
+  if (m > 1) contig = false;
+  if (m == 1)
+    for (int o = 0; o < it.noperands; ++o) contig = contig && strides[o][0] == 1;
+  it.contiguous = contig;
+  return it;
+}
+
+void run(ElemOp op, ElementwiseIter& it) {
+  if (it.numel == 0) return;
+  backend::get(it.device.type()).elementwise(op, it);
+}
+
+void set_scalar(ElementwiseIter& it, int i, DType compute, Scalar s) {
+  if (is_floating(compute)) {
+    it.dparams[i] = s.to_double();
+  } else {
+    it.iparams[i] = s.is_integral() ? s.to_int() : static_cast<int64_t>(s.to_double());
+    it.dparams[i] = s.to_double();
+  }
+}
+
+Tensor as_dtype(const Tensor& t, DType d) { return t.dtype() == d ? t : to(t, t.device(), d); }
+
+}  // namespace
+
+DType result_type(const Tensor& a, const Tensor& b) {
+  bool za = a.dim() == 0, zb = b.dim() == 0;
+  if (za == zb) return promote_types(a.dtype(), b.dtype());
+  // A 0-d tensor only promotes across categories (bool < integer < floating), as in PyTorch.
+  const Tensor& dimmed = za ? b : a;
+  const Tensor& zero = za ? a : b;
+  auto cat = [](DType t) { return t == kBool ? 0 : is_floating(t) ? 2 : 1; };
+  if (cat(zero.dtype()) > cat(dimmed.dtype())) return promote_types(dimmed.dtype(), zero.dtype());
+  return dimmed.dtype();
+}
+
+DType result_type(const Tensor& a, const Scalar& s) {
+  DType t = a.dtype();
+  if (s.is_bool()) return t;
+  if (s.is_integral()) return t == kBool ? kInt64 : t;
+  return is_floating(t) ? t : kFloat32;
+}
+
+Tensor unary(ElemOp op, const Tensor& a, double p0, double p1) {
+  const char* name = op_label(op);
+  if (op == ElemOp::PowScalar && is_integral(a.dtype(), true) && p0 == std::floor(p0)) {
+    // Integer power of an integer tensor stays integral, as in PyTorch: exact in float64 up to 2^53.
+    TG_CHECK(p0 >= 0, "pow: integers to negative integer powers are not allowed (exponent ", p0, ", dtype ",
+             a.dtype(), ")");
+    DType out_dtype = a.dtype() == kBool ? kInt64 : a.dtype();
+    return to(unary(ElemOp::PowScalar, to(a, a.device(), kFloat64), p0), a.device(), out_dtype);
+  }
+  DType compute = a.dtype();
+  if (is_float_only(op) && !is_floating(compute)) compute = kFloat32;
+  if (compute == kBool && op != ElemOp::Copy) compute = kInt64;
+  Tensor in = as_dtype(a, compute);
+  Tensor out = empty(a.sizes(), is_comparison(op) ? kBool : compute, a.device());
+  ElementwiseIter it = make_iter(out, {&in}, name);
+  it.dparams[0] = p0;
+  it.dparams[1] = p1;
+  it.iparams[0] = static_cast<int64_t>(p0);
+  it.iparams[1] = static_cast<int64_t>(p1);
+  run(op, it);
+  return out;
+}
+
+Tensor binary(ElemOp op, const Tensor& a, const Tensor& b, double p0, double p1) {
+  const char* name = op_label(op);
+  check_same_device(name, {&a, &b});
+  DType compute = result_type(a, b);
+  if (is_float_only(op) && !is_floating(compute)) compute = kFloat32;
+  if (compute == kBool && !(op == ElemOp::Eq || op == ElemOp::Ne)) compute = kInt64;  // bool arithmetic in int64
+  Shape shape = detail::broadcast_shapes(a.sizes(), b.sizes(), name);
+  Tensor x = as_dtype(a, compute), y = as_dtype(b, compute);
+  Tensor out = empty(shape, is_comparison(op) ? kBool : compute, a.device());
+  ElementwiseIter it = make_iter(out, {&x, &y}, name);
+  set_scalar(it, 0, compute, Scalar(p0));
+  set_scalar(it, 1, compute, Scalar(p1));
+  if (!is_floating(compute)) it.iparams[0] = static_cast<int64_t>(p0);
+  run(op, it);
+  return out;
+}
+
+Tensor scalar_op(ElemOp op, const Tensor& a, Scalar s) {
+  const char* name = op_label(op);
+  DType compute = is_comparison(op) ? a.dtype() : result_type(a, s);
+  if (is_comparison(op) && !s.is_integral() && !is_floating(compute)) compute = kFloat32;
+  if (is_float_only(op) && !is_floating(compute)) compute = kFloat32;
+  if (compute == kBool && !(op == ElemOp::EqScalar || op == ElemOp::NeScalar)) compute = kInt64;
+  Tensor in = as_dtype(a, compute);
+  Tensor out = empty(a.sizes(), is_comparison(op) ? kBool : compute, a.device());
+  ElementwiseIter it = make_iter(out, {&in}, name);
+  set_scalar(it, 0, compute, s);
+  run(op, it);
+  return out;
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  check_same_device("where", {&cond, &a, &b});
+  TG_CHECK(cond.dtype() == kBool, "where: condition must be bool, got ", cond.dtype());
+  DType compute = result_type(a, b);
+  Shape shape = detail::broadcast_shapes(detail::broadcast_shapes(cond.sizes(), a.sizes(), "where"), b.sizes(), "where");
+  Tensor x = as_dtype(a, compute), y = as_dtype(b, compute);
+  Tensor out = empty(shape, compute, a.device());
+  ElementwiseIter it = make_iter(out, {&cond, &x, &y}, "where");
+  run(ElemOp::Where, it);
+  return out;
+}
+
+namespace {
+// In-place results: self keeps its shape and dtype; the inputs must broadcast to it.
+void check_out_shape(const Tensor& self, const Shape& result, const char* op) {
+  TG_CHECK(result == self.sizes(), op, ": the result of shape ", result, " cannot be written in place into shape ",
+           self.sizes());
+}
+// As PyTorch: an in-place result may narrow within its category but not cross down (float into int).
+void check_out_dtype(const Tensor& self, DType result, const char* op) {
+  auto cat = [](DType t) { return t == kBool ? 0 : is_floating(t) ? 2 : 1; };
+  TG_CHECK(cat(result) <= cat(self.dtype()), op, ": result dtype ", result, " cannot be written in place into a ",
+           self.dtype(), " tensor");
+}
+}  // namespace
+
+void unary_out(ElemOp op, const Tensor& self, const Tensor& a, double p0, double p1) {
+  const char* name = op_label(op);
+  check_same_device(name, {&self, &a});
+  Tensor r = unary(op, a, p0, p1);
+  check_out_shape(self, r.sizes(), name);
+  copy_(self, r);
+}
+
+void binary_out(ElemOp op, const Tensor& self, const Tensor& a, const Tensor& b, double p0) {
+  const char* name = op_label(op);
+  check_same_device(name, {&self, &a, &b});
+  Shape shape = detail::broadcast_shapes(a.sizes(), b.sizes(), name);
+  check_out_shape(self, shape, name);
+  DType compute = result_type(a, b);
+  if (is_float_only(op) && !is_floating(compute)) compute = kFloat32;
+  check_out_dtype(self, compute, name);
+  // Fast path: self is one of the inputs and everything has self's dtype: run the kernel straight into self.
+  if (compute == self.dtype() && a.dtype() == compute && b.dtype() == compute && !is_comparison(op) &&
+      compute != kBool) {
+    ElementwiseIter it = make_iter(self, {&a, &b}, name);
+    set_scalar(it, 0, compute, Scalar(p0));
+    if (!is_floating(compute)) it.iparams[0] = static_cast<int64_t>(p0);
+    run(op, it);
+    return;
+  }
+  copy_(self, binary(op, a, b, p0));
+}
+
+void scalar_op_out(ElemOp op, const Tensor& self, const Tensor& a, Scalar s) {
+  const char* name = op_label(op);
+  check_same_device(name, {&self, &a});
+  check_out_shape(self, a.sizes(), name);
+  DType compute = result_type(a, s);
+  if (is_float_only(op) && !is_floating(compute)) compute = kFloat32;
+  check_out_dtype(self, compute, name);
+  if (compute == self.dtype() && a.dtype() == compute && !is_comparison(op) && compute != kBool) {
+    ElementwiseIter it = make_iter(self, {&a}, name);
+    set_scalar(it, 0, compute, s);
+    run(op, it);
+    return;
+  }
+  copy_(self, scalar_op(op, a, s));
+}
+
+void fill_(const Tensor& self, Scalar v) {
+  ElementwiseIter it = make_iter(self, {}, "fill_");
+  set_scalar(it, 0, self.dtype(), v);
+  if (self.dtype() == kBool) it.iparams[0] = v.to_double() != 0;
+  run(ElemOp::Fill, it);
+}
+
+namespace {
+// src converted to dtype and materialised densely with exactly `shape` (broadcast applied), on src's device.
+Tensor dense_as(const Tensor& src, DType dtype, const Shape& shape) {
+  if (src.dtype() == dtype && src.is_contiguous() && src.sizes() == shape) return src;
+  Tensor out = empty(shape, dtype, src.device());
+  ElementwiseIter it = make_iter(out, {&src}, "copy_");
+  run(ElemOp::Copy, it);
+  return out;
+}
+}  // namespace
+
+void copy_(const Tensor& dst, const Tensor& src, bool non_blocking) {
+  Shape shape = detail::broadcast_shapes(dst.sizes(), src.sizes(), "copy_");
+  TG_CHECK(shape == dst.sizes(), "copy_: source of shape ", src.sizes(), " cannot be broadcast to destination shape ",
+           dst.sizes());
+  if (dst.numel() == 0) return;
+  if (dst.device() == src.device()) {
+    ElementwiseIter it = make_iter(dst, {&src}, "copy_");
+    run(ElemOp::Copy, it);
+    return;
+  }
+#ifdef TG_WITH_CUDA
+  const size_t nbytes = dst.nbytes();
+  if (src.is_cpu()) {  // host -> device: convert on the host, one DMA, finish on the device
+    Tensor host = dense_as(src, dst.dtype(), shape);
+    Tensor target = dst.is_contiguous() ? dst : empty(shape, dst.dtype(), dst.device());
+    cuda::detail::copy_h2d(target.data_ptr(), host.data_ptr(), nbytes, dst.device().index(), non_blocking);
+    if (!target.is_same(dst)) copy_(dst, target);
+  } else if (dst.is_cpu()) {  // device -> host
+    Tensor dev = dense_as(src, dst.dtype(), shape);
+    Tensor target = dst.is_contiguous() ? dst : empty(shape, dst.dtype(), dst.device());
+    cuda::detail::copy_d2h(target.data_ptr(), dev.data_ptr(), nbytes, src.device().index(), non_blocking);
+    if (!target.is_same(dst)) copy_(dst, target);
+  } else {  // device -> device
+    Tensor dev = dense_as(src, dst.dtype(), shape);
+    Tensor target = dst.is_contiguous() ? dst : empty(shape, dst.dtype(), dst.device());
+    cuda::detail::copy_d2d(target.data_ptr(), dst.device().index(), dev.data_ptr(), src.device().index(), nbytes);
+    if (!target.is_same(dst)) copy_(dst, target);
+  }
+#else
+  (void)non_blocking;
+  (void)dense_as;
+  TG_ERROR("copy_: from ", src.device(), " to ", dst.device(), ": tapegrad was built without CUDA (TG_CUDA=OFF)");
+#endif
+}
+
+Tensor to(const Tensor& a, Device device, DType dtype, bool non_blocking) {
+  device = resolve(device);
+  if (a.device() == device && a.dtype() == dtype) return a;
+  Tensor out;
+#ifdef TG_WITH_CUDA
+  if (device.is_cpu() && a.is_cuda()) {
+    // Device -> host lands in pinned memory from the caching host allocator: the DMA runs at full
+    // speed and repeated cpu() calls reuse already-faulted pages.
+    size_t nbytes = static_cast<size_t>(a.numel()) * element_size(dtype);
+    auto storage = std::make_shared<Storage>(cuda::detail::host_allocate(nbytes), nbytes, Device(kCPU));
+    out = Tensor(std::make_shared<TensorImpl>(std::move(storage), a.sizes(), detail::contiguous_strides(a.sizes()),
+                                              0, dtype));
+  }
+#endif
+  if (!out.defined()) out = empty(a.sizes(), dtype, device);
+  copy_(out, a, non_blocking);
+  return out;
+}
+
+Tensor contiguous(const Tensor& a) { return a.is_contiguous() ? a : clone(a); }
+
+Tensor clone(const Tensor& a) {
+  Tensor out = empty(a.sizes(), a.dtype(), a.device());
+  copy_(out, a);
+  return out;
+}
+
+}  // namespace native
+}  // namespace tg

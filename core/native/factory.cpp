@@ -1,0 +1,90 @@
+// Factories and the per-device Philox generators.
+#include <cmath>
+#include <mutex>
+#include <vector>
+
+#include "core/native.h"
+#include "core/philox.h"
+
+namespace tg::native {
+
+namespace {
+struct Generator {
+  uint64_t seed = 67280421310721ull;
+  uint64_t offset = 0;
+};
+std::mutex g_gen_mutex;
+Generator g_cpu_gen;
+std::vector<Generator> g_cuda_gens;
+
+Generator& generator(Device d) {
+  if (d.is_cpu()) return g_cpu_gen;
+  if (static_cast<int>(g_cuda_gens.size()) <= d.index()) g_cuda_gens.resize(d.index() + 1, Generator{g_cpu_gen.seed, 0});
+  return g_cuda_gens[d.index()];
+}
+}  // namespace
+
+std::pair<uint64_t, uint64_t> philox_reserve(Device device, uint64_t count) {
+  std::lock_guard<std::mutex> lock(g_gen_mutex);
+  Generator& g = generator(device);
+  uint64_t off = g.offset;
+  g.offset += (count + 3) / 4 * 4;
+  return {g.seed, off};
+}
+
+Tensor full(const Shape& sizes, Scalar v, DType dtype, Device device) {
+  Tensor t = empty(sizes, dtype, device);
+  fill_(t, v);
+  return t;
+}
+
+Tensor rand(const Shape& sizes, DType dtype, Device device) {
+  TG_CHECK(is_floating(dtype), "rand: dtype must be floating point, got ", dtype);
+  Tensor t = empty(sizes, dtype, device);
+  if (t.numel() == 0) return t;
+  auto [seed, off] = philox_reserve(t.device(), philox::counters_for(t.numel(), static_cast<int>(element_size(dtype))));
+  backend::get(t.device().type()).uniform(t, seed, off, 0.0, 1.0);
+  return t;
+}
+
+Tensor randn(const Shape& sizes, DType dtype, Device device) {
+  TG_CHECK(is_floating(dtype), "randn: dtype must be floating point, got ", dtype);
+  Tensor t = empty(sizes, dtype, device);
+  if (t.numel() == 0) return t;
+  auto [seed, off] = philox_reserve(t.device(), philox::counters_for(t.numel(), static_cast<int>(element_size(dtype))));
+  backend::get(t.device().type()).normal(t, seed, off, 0.0, 1.0);
+  return t;
+}
+
+Tensor randperm(int64_t n, DType dtype, Device device) {
+  TG_CHECK(n >= 0, "randperm: n must be non-negative, got ", n);
+  TG_CHECK(dtype == kInt64 || dtype == kInt32, "randperm: dtype must be int64 or int32, got ", dtype);
+  TG_CHECK(dtype == kInt64 || n <= INT32_MAX, "randperm: n = ", n, " does not fit in int32");
+  Tensor t = empty({n}, dtype, device);
+  if (n == 0) return t;
+  auto [seed, off] = philox_reserve(t.device(), 2 * static_cast<uint64_t>(n));
+  backend::get(t.device().type()).randperm(t, seed, off);
+  return t;
+}
+
+Tensor arange(double start, double end, double step, DType dtype, Device device) {
+  TG_CHECK(step != 0, "arange: step must be nonzero");
+  TG_CHECK(std::isfinite(start) && std::isfinite(end), "arange: start and end must be finite, got ", start, " and ",
+           end);
+  TG_CHECK((step > 0 && end >= start) || (step < 0 && end <= start), "arange: upper bound and step are inconsistent: ",
+           start, " to ", end, " by ", step);
+  int64_t n = static_cast<int64_t>(std::ceil((end - start) / step));
+  Tensor t = empty({n}, dtype, device);
+  if (n > 0) backend::get(t.device().type()).arange(t, start, step);
+  return t;
+}
+
+}  // namespace tg::native
+
+namespace tg {
+void manual_seed(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(native::g_gen_mutex);
+  native::g_cpu_gen = {seed, 0};
+  for (auto& g : native::g_cuda_gens) g = {seed, 0};
+}
+}  // namespace tg
