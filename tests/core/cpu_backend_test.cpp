@@ -101,6 +101,7 @@ TEST(CpuThreadPool, ConcurrentCallersAndBadThreadCount) {
   tg::set_num_threads(3);
   std::vector<std::thread> callers;
   std::atomic<int64_t> total{0};
+  callers.reserve(4);
   for (int t = 0; t < 4; ++t)
     callers.emplace_back([&] {
       for (int rep = 0; rep < 20; ++rep)
@@ -144,6 +145,7 @@ TEST(CpuHostAllocator, ThreadSafe) {
   size_t before = tg::cpu::allocated_bytes();
   std::vector<std::thread> threads;
   std::atomic<int> bad{0};
+  threads.reserve(4);
   for (int t = 0; t < 4; ++t)
     threads.emplace_back([&, t] {
       for (int i = 0; i < 2000; ++i) {
@@ -474,7 +476,7 @@ TEST(CpuReduce, LargeReductionsTakeTheParallelPaths) {
         double d = f[static_cast<size_t>(i * c + j)] - sum[static_cast<size_t>(o)] / static_cast<double>(nred);
         sq[static_cast<size_t>(o)] += d * d;
       }
-    for (Tensor in : {x, x.t().contiguous().t()}) {  // same values, other memory order
+    for (const Tensor& in : {x, x.t().contiguous().t()}) {  // same values, other memory order
       auto s = in.sum(dim).to_vector<float>();
       auto var = in.var(dim).to_vector<float>();
       auto m = in.max(dim).to_vector<float>();
@@ -605,9 +607,10 @@ TEST(CpuIndexSelect, ContiguousAndStridedInputs) {
   std::iota(v.begin(), v.end(), 0.f);
   Tensor x = tg::tensor(v, {4, 50, 30});
   std::vector<int64_t> idx{49, 0, 7, 7, 21};
-  for (Tensor in : {x, x.transpose(0, 2).contiguous().transpose(0, 2), x.slice(2, 0, 30, 2)}) {
+  for (const Tensor& in : {x, x.transpose(0, 2).contiguous().transpose(0, 2), x.slice(2, 0, 30, 2)}) {
     for (int64_t dim = 0; dim < 3; ++dim) {
       std::vector<int64_t> ix;
+      ix.reserve(idx.size());
       for (int64_t i : idx) ix.push_back(i % in.size(dim));
       for (tg::DType it : {tg::kInt64, tg::kInt32}) {
         Tensor index = tg::tensor(ix).to(it);

@@ -5,16 +5,12 @@
 namespace tg::cpu {
 
 namespace {
-int arity(backend::ElemOp op) {
-  switch (op) {
-#define TG_ELEM_ARITY(name, n) \
-  case backend::ElemOp::name:  \
-    return n;
+constexpr int kArity[] = {
+#define TG_ELEM_ARITY(name, n) n,
     TG_ELEMENTWISE_OPS(TG_ELEM_ARITY)
 #undef TG_ELEM_ARITY
-  }
-  return -1;
-}
+};
+int arity(backend::ElemOp op) { return kArity[static_cast<int>(op)]; }
 }  // namespace
 
 const char* op_name(backend::ElemOp op) {

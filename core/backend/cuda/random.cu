@@ -2,6 +2,7 @@
 // Philox block writes the elements whose counters fall in it, so CUDA and CPU give
 // the same values for a seed. randperm sorts random 64-bit keys with CUB.
 #include <cub/device/device_radix_sort.cuh>
+#include <type_traits>
 
 #include "core/backend/cuda/kernels.cuh"
 #include "core/backend/cuda/loops.cuh"
@@ -66,7 +67,20 @@ __global__ void philox_fill_kernel(S* out, uint64_t n, uint64_t seed, uint64_t o
         float z = (l & 1) ? r * sinf(ang) : r * cosf(ang);
         out[i] = cast<S>(affine(z, fscale, fshift));
       } else {
-        out[i] = cast<S>(affine(philox::to_unit_f32(w.w[l]), fscale, fshift));
+        S v = cast<S>(affine(philox::to_unit_f32(w.w[l]), fscale, fshift));
+        if constexpr (!std::is_same_v<S, float>) {
+          // Rounding to 16 bits can reach hi (u > 1 - 2^-12 gives 1.0 in half): step to the
+          // value just below hi, exactly as the CPU backend does, to keep [lo, hi).
+          const float hi = fshift + fscale;
+          if (cast<float>(v) >= hi && fscale > 0) {
+            uint16_t hb;
+            S h = cast<S>(hi);
+            memcpy(&hb, &h, 2);
+            hb = (hb & 0x7fffu) == 0 ? 0x8001u : ((hb & 0x8000u) ? hb + 1 : hb - 1);
+            memcpy(&v, &hb, 2);
+          }
+        }
+        out[i] = v;
       }
     }
   }

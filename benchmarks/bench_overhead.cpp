@@ -1,0 +1,86 @@
+// Where the time of a tiny op goes: raw kernel launches against tapegrad's
+// allocation, front-end and autograd layers (host wall clock per op, median of repeats).
+#include <cstdio>
+#include <functional>
+
+#include <tapegrad/tapegrad.h>
+#include "benchmarks/bench_util.h"
+#include "core/native.h"
+
+int launch_add_one(float* p, int n, int count, void* stream);
+void launch_report(float* p, int n, int count);
+
+namespace {
+using tg::bench::emit;
+
+double per_op_us(const tg::bench::Options& o, int ops, const std::function<void()>& body) {
+  std::vector<double> t;
+  for (int r = 0; r < o.warmup + o.reps; ++r) {
+    tg::cuda::synchronize();
+    double t0 = tg::bench::now_s();
+    body();
+    tg::cuda::synchronize();
+    double dt = tg::bench::now_s() - t0;
+    if (r >= o.warmup) t.push_back(dt);
+  }
+  return tg::bench::median(t) * 1e6 / ops;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto o = tg::bench::parse_options(argc, argv);
+  if (!tg::cuda::is_available()) return 0;
+  const int kOps = 2000;
+  auto x = tg::rand({16}, tg::kCUDA);
+  auto buf = tg::zeros({16}, tg::kCUDA);
+  launch_report(buf.data_ptr<float>(), 16, kOps);
+  {  // the same adds on a non-blocking stream made current
+    tg::cuda::Stream s;
+    tg::cuda::StreamGuard g(s);
+    emit("overhead_add_chain_nonblocking_stream", per_op_us(o, kOps, [&] {
+           tg::Tensor y = x;
+           for (int i = 0; i < kOps; ++i) y = y + x;
+         }), "us/op", 0);
+  }
+  emit("overhead_native_empty", per_op_us(o, kOps, [&] {
+         for (int i = 0; i < kOps; ++i) (void)tg::native::empty({16}, tg::kFloat32, tg::Device(tg::kCUDA, 0));
+       }), "us/op", 0);
+  emit("overhead_native_add", per_op_us(o, kOps, [&] {
+         tg::Tensor y = x;
+         for (int i = 0; i < kOps; ++i) y = tg::native::add(y, x);
+       }), "us/op", 0);
+  emit("overhead_add_chain", per_op_us(o, kOps, [&] {
+         tg::Tensor y = x;
+         for (int i = 0; i < kOps; ++i) y = y + x;
+       }), "us/op", 0);
+  emit("overhead_add_inplace", per_op_us(o, kOps, [&] {
+         for (int i = 0; i < kOps; ++i) buf.add_(x);
+       }), "us/op", 0);
+  emit("overhead_add_independent", per_op_us(o, kOps, [&] {
+         for (int i = 0; i < kOps; ++i) (void)(x + x);
+       }), "us/op", 0);
+  auto w = tg::rand({16}, tg::TensorOptions().device(tg::kCUDA).requires_grad(true));
+  emit("autograd_chain_2000_fwd_bwd", per_op_us(o, kOps, [&] {
+         tg::Tensor y = w;
+         for (int i = 0; i < kOps; ++i) y = y + w;
+         y.sum().backward();
+         w.mutable_grad() = tg::Tensor();
+       }), "us/op", 0, "\"note\": \"2000 dependent adds with requires_grad, forward + backward, per op\"");
+  {  // forward + backward of sum(x @ y) at 8000 fp32 (event-timed)
+    auto a = tg::randn({8000, 8000}, tg::TensorOptions().device(tg::kCUDA).requires_grad(true));
+    auto b = tg::randn({8000, 8000}, tg::kCUDA);
+    std::vector<double> t;
+    for (int r = 0; r < o.warmup + o.reps; ++r) {
+      a.mutable_grad() = tg::Tensor();
+      tg::cuda::Event e0, e1;
+      e0.record();
+      tg::matmul(a, b).sum().backward();
+      e1.record();
+      e1.synchronize();
+      if (r >= o.warmup) t.push_back(e0.elapsed_ms(e1));
+    }
+    double ms = tg::bench::median(t);
+    emit("matmul_grad_8000", ms, "ms", ms);
+  }
+  return 0;
+}

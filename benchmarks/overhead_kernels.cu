@@ -1,0 +1,64 @@
+// Trivial kernels for the launch-overhead baselines of bench_overhead: where does
+// the time of a tiny launch go on this machine (host enqueue, stream kind, GPU)?
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+
+namespace {
+__global__ void add_one(float* p, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) p[i] += 1.f;
+}
+double now_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+// Launches add_one `count` times on `stream`; returns the last error.
+int launch_add_one(float* p, int n, int count, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  for (int i = 0; i < count; ++i) add_one<<<1, 32, 0, s>>>(p, n);
+  return static_cast<int>(cudaGetLastError());
+}
+
+// Prints host-enqueue and end-to-end µs per launch for several stream kinds, and the
+// per-kernel time of a CUDA graph replay (the GPU-side floor).
+void launch_report(float* p, int n, int count) {
+  cudaStream_t created;
+  cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking);
+  struct Kind {
+    const char* name;
+    cudaStream_t s;
+  } kinds[] = {{"legacy", nullptr}, {"per_thread", cudaStreamPerThread}, {"nonblocking", created}};
+  for (auto& k : kinds) {
+    for (int rep = 0; rep < 3; ++rep) {
+      cudaDeviceSynchronize();
+      double t0 = now_us();
+      launch_add_one(p, n, count, k.s);
+      double t1 = now_us();
+      cudaStreamSynchronize(k.s);
+      double t2 = now_us();
+      if (rep == 2)
+        std::printf("{\"workload\": \"raw_launch_%s\", \"value\": %.3f, \"unit\": \"us/op\", \"enqueue_us\": %.3f}\n",
+                    k.name, (t2 - t0) / count, (t1 - t0) / count);
+    }
+  }
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  cudaStreamBeginCapture(created, cudaStreamCaptureModeThreadLocal);
+  launch_add_one(p, n, count, created);
+  cudaStreamEndCapture(created, &graph);
+  cudaGraphInstantiate(&exec, graph, 0);
+  for (int rep = 0; rep < 3; ++rep) {
+    cudaDeviceSynchronize();
+    double t0 = now_us();
+    cudaGraphLaunch(exec, created);
+    cudaStreamSynchronize(created);
+    double t1 = now_us();
+    if (rep == 2) std::printf("{\"workload\": \"graph_replay_per_kernel\", \"value\": %.3f, \"unit\": \"us/op\"}\n", (t1 - t0) / count);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(created);
+}
