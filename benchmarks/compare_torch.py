@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Side-by-side timings: tapegrad's benchmark programs against the same workloads in PyTorch.
 
-Runs tg_bench_gpu and tg_bench_cpu (from --bench-dir) or reads their JSON lines from files
+Runs tg_bench_gpu, tg_bench_cpu and tg_bench_interop (from --bench-dir) or reads their JSON lines from files
 (--tg-json), times PyTorch with the same method (warm-up discarded, median of >= 10 repeats,
 torch.cuda.Event for device work, host clock + synchronize for host-side workloads), and
 prints a table LAST: workload | tapegrad | PyTorch | ratio | target.
@@ -32,6 +32,10 @@ WORKLOADS = [
     ("to_vector_8000x8000", "to_vector 8000^2", "lower", None),  # vs torch .cpu(); for information
     ("dependent_adds_16", "1000 dep. adds x16", "lower", ("abs", "<=", 4.0)),
     ("cpu_matmul_1024", "CPU matmul 1024 (vs Eigen)", "higher", ("ratio", ">=", 0.9)),
+    # Interop (#6), from tg_bench_interop. The first row's baseline is tapegrad's built-in multiply.
+    ("ewk_mul_10M_f64", "ElementwiseKernel mul 10M f64 (vs built-in)", "higher", ("ratio", ">=", 0.95)),
+    ("vectorize_mul_10M_host", "vectorize mul 10M f64, host arrays", "lower", ("ratio", "<=", 0.2, " (5x faster)")),
+    ("rtc_disk_cache_ms", "RawKernel from disk cache, new process", "lower", ("abs", "<=", 5.0)),
 ]
 
 
@@ -123,6 +127,12 @@ def torch_timings(warmup, reps, only):
             return y
 
         out["dependent_adds_16"] = (wall_ms(chain) * 1e3 / 1000, "us/op")
+    if wants("vectorize_mul_10M_host"):
+        # The seed's numba @vectorize(target='cuda') multiply, the PyTorch way: host arrays in, host array out.
+        a = torch.rand(10_000_000, dtype=torch.float64)
+        b = torch.rand(10_000_000, dtype=torch.float64)
+        out["vectorize_mul_10M_host"] = (wall_ms(lambda: (a.cuda() * b.cuda()).cpu()), "ms")
+        del a, b
     torch.cuda.empty_cache()
     return out
 
@@ -130,7 +140,7 @@ def torch_timings(warmup, reps, only):
 def run_tg_programs(bench_dir, reps, only):
     """Runs the C++ benchmark programs; returns (parsed JSON records, failed program names)."""
     records, failed = [], []
-    for prog in ("tg_bench_gpu", "tg_bench_cpu"):
+    for prog in ("tg_bench_gpu", "tg_bench_cpu", "tg_bench_interop"):
         path = os.path.join(bench_dir, prog)
         if not os.path.exists(path):
             print(f"compare_torch: {path} not found (build with -DTG_BUILD_BENCHMARKS=ON)", file=sys.stderr)
@@ -170,8 +180,8 @@ def table(tg, base):
     for key, label, direction, target in WORKLOADS:
         rec = tg.get(key)
         tv, unit = (rec["value"], rec["unit"]) if rec else (None, "")
-        if key == "cpu_matmul_1024" and rec and "baseline" in rec:
-            bv, bunit = rec["baseline"], rec["unit"] + " (Eigen)"
+        if rec and "baseline" in rec:  # a baseline the program measured itself (Eigen, tg's built-in op)
+            bv, bunit = rec["baseline"], rec["unit"] + f" ({rec.get('baseline_label', 'Eigen')})"
         else:
             bv, bunit = base.get(key, (None, unit))
         ratio = tv / bv if tv is not None and bv else None
@@ -191,7 +201,7 @@ def table(tg, base):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bench-dir", help="directory holding tg_bench_gpu / tg_bench_cpu (a build's benchmarks/)")
+    p.add_argument("--bench-dir", help="directory holding tg_bench_gpu / tg_bench_cpu / tg_bench_interop (a build's benchmarks/)")
     p.add_argument("--tg-json", nargs="*", default=[], help="files of JSON lines written by the programs instead")
     p.add_argument("--reps", type=int, default=15, help="repeats per workload (>= 10)")
     p.add_argument("--warmup", type=int, default=3)

@@ -68,12 +68,18 @@ Tensor squeeze(const Tensor& a, std::optional<int64_t> dim);
 Tensor expand(const Tensor& a, const Shape& sizes);
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index, bool check_bounds = true);
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
+// zeros(shape) with src's slices added at `index` along dim (index_select's backward).
+Tensor index_add_zeros(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src);
 
 // ---- factories and random (a global Philox generator per device)
 Tensor full(const Shape& sizes, Scalar v, DType dtype, Device device);
 Tensor rand(const Shape& sizes, DType dtype, Device device);
 Tensor randn(const Shape& sizes, DType dtype, Device device);
 Tensor randperm(int64_t n, DType dtype, Device device);
+// The same with an explicit Philox (seed, offset) instead of the device's generator:
+// reproducible streams of permutations (DataLoader's seeded shuffle). Uses counters
+// [offset, offset + 2n); offset must be a multiple of 4.
+Tensor randperm(int64_t n, DType dtype, Device device, uint64_t seed, uint64_t offset);
 Tensor arange(double start, double end, double step, DType dtype, Device device);
 // Reserves `count` Philox counters of the device's generator; returns (seed, offset).
 std::pair<uint64_t, uint64_t> philox_reserve(Device device, uint64_t count);

@@ -6,6 +6,7 @@
 
 #include "autograd/autograd.h"
 #include "core/native.h"
+#include "core/trace.h"
 #ifdef TG_WITH_CUDA
 #include "core/backend/cuda/runtime.h"
 #endif
@@ -67,12 +68,36 @@ Tensor Tensor::lt(const Tensor& o) const { return tg::lt(*this, o); }
 Tensor Tensor::le(const Tensor& o) const { return tg::le(*this, o); }
 Tensor Tensor::gt(const Tensor& o) const { return tg::gt(*this, o); }
 Tensor Tensor::ge(const Tensor& o) const { return tg::ge(*this, o); }
-Tensor Tensor::eq(Scalar o) const { return native::scalar_op(ElemOp::EqScalar, *this, o); }
-Tensor Tensor::ne(Scalar o) const { return native::scalar_op(ElemOp::NeScalar, *this, o); }
-Tensor Tensor::lt(Scalar o) const { return native::scalar_op(ElemOp::LtScalar, *this, o); }
-Tensor Tensor::le(Scalar o) const { return native::scalar_op(ElemOp::LeScalar, *this, o); }
-Tensor Tensor::gt(Scalar o) const { return native::scalar_op(ElemOp::GtScalar, *this, o); }
-Tensor Tensor::ge(Scalar o) const { return native::scalar_op(ElemOp::GeScalar, *this, o); }
+Tensor Tensor::eq(Scalar o) const {
+  Tensor out = native::scalar_op(ElemOp::EqScalar, *this, o);
+  TG_TRACE(EqScalar, out, {*this}, {{"other", detail::trace_scalar(o)}});
+  return out;
+}
+Tensor Tensor::ne(Scalar o) const {
+  Tensor out = native::scalar_op(ElemOp::NeScalar, *this, o);
+  TG_TRACE(NeScalar, out, {*this}, {{"other", detail::trace_scalar(o)}});
+  return out;
+}
+Tensor Tensor::lt(Scalar o) const {
+  Tensor out = native::scalar_op(ElemOp::LtScalar, *this, o);
+  TG_TRACE(LtScalar, out, {*this}, {{"other", detail::trace_scalar(o)}});
+  return out;
+}
+Tensor Tensor::le(Scalar o) const {
+  Tensor out = native::scalar_op(ElemOp::LeScalar, *this, o);
+  TG_TRACE(LeScalar, out, {*this}, {{"other", detail::trace_scalar(o)}});
+  return out;
+}
+Tensor Tensor::gt(Scalar o) const {
+  Tensor out = native::scalar_op(ElemOp::GtScalar, *this, o);
+  TG_TRACE(GtScalar, out, {*this}, {{"other", detail::trace_scalar(o)}});
+  return out;
+}
+Tensor Tensor::ge(Scalar o) const {
+  Tensor out = native::scalar_op(ElemOp::GeScalar, *this, o);
+  TG_TRACE(GeScalar, out, {*this}, {{"other", detail::trace_scalar(o)}});
+  return out;
+}
 
 Tensor Tensor::sum() const { return tg::sum(*this); }
 Tensor Tensor::sum(DimList d, bool k) const { return tg::sum(*this, std::move(d), k); }

@@ -27,6 +27,8 @@ tg_as_root() {
 # nothing (and touches no network) when everything is already installed.
 tg_ensure_packages() {
   local pkgs=("$@") missing=() p
+  tg_ensure_python_modules
+  tg_ensure_python_onnx
   if ! command -v dpkg-query >/dev/null 2>&1; then
     tg_log "not a Debian system: skipping package installation (need: ${pkgs[*]})"
     return 0
@@ -43,6 +45,30 @@ tg_ensure_packages() {
     TG_APT_UPDATED=1
   fi
   tg_as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# Python's safetensors and numpy, for the checkpoint interop tests (tests/nn/serialize_test.cpp
+# skips without them). Installs quietly with pip, only when missing; never fails the build.
+tg_ensure_python_modules() {
+  command -v python3 >/dev/null 2>&1 || return 0
+  python3 -c 'import safetensors, numpy' >/dev/null 2>&1 && return 0
+  tg_log "installing python modules: safetensors numpy"
+  python3 -m pip install -q safetensors numpy >/dev/null 2>&1 ||
+    python3 -m pip install -q --user safetensors numpy >/dev/null 2>&1 ||
+    python3 -m pip install -q --break-system-packages safetensors numpy >/dev/null 2>&1 ||
+    tg_log "pip install safetensors numpy failed: the Python interop tests will skip"
+}
+
+# ONNX's checker and ONNX Runtime, for the exporter's ONNX tests (tests/export/onnx_test.cpp
+# skips without them). Same policy: quiet, only when missing, never fails the build.
+tg_ensure_python_onnx() {
+  command -v python3 >/dev/null 2>&1 || return 0
+  python3 -c 'import onnx, onnxruntime, numpy' >/dev/null 2>&1 && return 0
+  tg_log "installing python modules: onnx onnxruntime numpy"
+  python3 -m pip install -q onnx onnxruntime numpy >/dev/null 2>&1 ||
+    python3 -m pip install -q --user onnx onnxruntime numpy >/dev/null 2>&1 ||
+    python3 -m pip install -q --break-system-packages onnx onnxruntime numpy >/dev/null 2>&1 ||
+    tg_log "pip install onnx onnxruntime numpy failed: the ONNX export tests will skip"
 }
 
 # Puts nvcc on PATH when the toolkit is in /usr/local/cuda; sets TG_HAVE_NVCC to 1 or 0.

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "autograd/function.h"
+#include "core/trace.h"
 
 namespace tg {
 
@@ -26,6 +27,7 @@ Tensor mask_grad(const Tensor& mask, const Tensor& g) { return native::where(mas
 // ---- add / sub
 Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
   Tensor out = native::binary(ElemOp::Add, a, b, alpha.to_double());
+  TG_TRACE(Add, out, {a, b}, {{"alpha", detail::trace_scalar(alpha)}});
   if (!should_record(a, b)) return out;
   const double al = alpha.to_double();
   return record("add", {a, b}, std::move(out), [al](const Tensor& g, const FunctionNode& n) -> Grads {
@@ -37,6 +39,7 @@ Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
 
 Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
   Tensor out = native::binary(ElemOp::Sub, a, b, alpha.to_double());
+  TG_TRACE(Sub, out, {a, b}, {{"alpha", detail::trace_scalar(alpha)}});
   if (!should_record(a, b)) return out;
   const double al = alpha.to_double();
   return record("sub", {a, b}, std::move(out), [al](const Tensor& g, const FunctionNode& n) -> Grads {
@@ -49,6 +52,7 @@ Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
 // ---- mul / div
 Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = native::mul(a, b);
+  TG_TRACE(Mul, out, {a, b}, {});
   if (!should_record(a, b)) return out;
   // Save only what backward reads: b for a's grad, a for b's.
   SavedTensor sa = autograd::requires_grad(b) ? SavedTensor(a, "mul") : SavedTensor();
@@ -61,6 +65,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = native::div(a, b);
+  TG_TRACE(Div, out, {a, b}, {});
   if (!should_record(a, b)) return out;
   SavedTensor sa = autograd::requires_grad(b) ? SavedTensor(a, "div") : SavedTensor();
   SavedTensor sb(b, "div");
@@ -77,18 +82,21 @@ Tensor div(const Tensor& a, const Tensor& b) {
 // ---- scalar forms
 Tensor add(const Tensor& a, Scalar b) {
   Tensor out = native::scalar_op(ElemOp::AddScalar, a, b);
+  TG_TRACE(AddScalar, out, {a}, {{"other", detail::trace_scalar(b)}});
   if (!should_record(a)) return out;
   return record("add", {a}, std::move(out), [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
 }
 
 Tensor sub(const Tensor& a, Scalar b) {
   Tensor out = native::scalar_op(ElemOp::AddScalar, a, negate(b));
+  TG_TRACE(SubScalar, out, {a}, {{"other", detail::trace_scalar(b)}});
   if (!should_record(a)) return out;
   return record("sub", {a}, std::move(out), [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
 }
 
 Tensor rsub(const Tensor& a, Scalar b) {
   Tensor out = native::scalar_op(ElemOp::RSubScalar, a, b);
+  TG_TRACE(RSubScalar, out, {a}, {{"other", detail::trace_scalar(b)}});
   if (!should_record(a)) return out;
   return record("rsub", {a}, std::move(out),
                 [](const Tensor& g, const FunctionNode&) -> Grads { return {native::unary(ElemOp::Neg, g)}; });
@@ -96,6 +104,7 @@ Tensor rsub(const Tensor& a, Scalar b) {
 
 Tensor mul(const Tensor& a, Scalar b) {
   Tensor out = native::scalar_op(ElemOp::MulScalar, a, b);
+  TG_TRACE(MulScalar, out, {a}, {{"other", detail::trace_scalar(b)}});
   if (!should_record(a)) return out;
   return record("mul", {a}, std::move(out), [b](const Tensor& g, const FunctionNode&) -> Grads {
     return {native::scalar_op(ElemOp::MulScalar, g, b)};
@@ -104,6 +113,7 @@ Tensor mul(const Tensor& a, Scalar b) {
 
 Tensor div(const Tensor& a, Scalar b) {
   Tensor out = native::scalar_op(ElemOp::DivScalar, a, b);
+  TG_TRACE(DivScalar, out, {a}, {{"other", detail::trace_scalar(b)}});
   if (!should_record(a)) return out;
   return record("div", {a}, std::move(out), [b](const Tensor& g, const FunctionNode&) -> Grads {
     return {native::scalar_op(ElemOp::DivScalar, g, b)};
@@ -112,6 +122,7 @@ Tensor div(const Tensor& a, Scalar b) {
 
 Tensor rdiv(const Tensor& a, Scalar b) {
   Tensor out = native::scalar_op(ElemOp::RDivScalar, a, b);
+  TG_TRACE(RDivScalar, out, {a}, {{"other", detail::trace_scalar(b)}});
   if (!should_record(a)) return out;
   SavedTensor sa(a, "rdiv"), sy(out, "rdiv");
   return record("rdiv", {a}, std::move(out), [sa, sy](const Tensor& g, const FunctionNode&) -> Grads {
@@ -123,6 +134,7 @@ Tensor rdiv(const Tensor& a, Scalar b) {
 // ---- unary
 Tensor neg(const Tensor& a) {
   Tensor out = native::unary(ElemOp::Neg, a);
+  TG_TRACE(Neg, out, {a}, {});
   if (!should_record(a)) return out;
   return record("neg", {a}, std::move(out),
                 [](const Tensor& g, const FunctionNode&) -> Grads { return {native::unary(ElemOp::Neg, g)}; });
@@ -130,6 +142,7 @@ Tensor neg(const Tensor& a) {
 
 Tensor exp(const Tensor& a) {
   Tensor out = native::unary(ElemOp::Exp, a);
+  TG_TRACE(Exp, out, {a}, {});
   if (!should_record(a)) return out;
   SavedTensor sy(out, "exp");
   return record("exp", {a}, std::move(out),
@@ -138,6 +151,7 @@ Tensor exp(const Tensor& a) {
 
 Tensor log(const Tensor& a) {
   Tensor out = native::unary(ElemOp::Log, a);
+  TG_TRACE(Log, out, {a}, {});
   if (!should_record(a)) return out;
   SavedTensor sx(a, "log");
   return record("log", {a}, std::move(out),
@@ -146,6 +160,7 @@ Tensor log(const Tensor& a) {
 
 Tensor sqrt(const Tensor& a) {
   Tensor out = native::unary(ElemOp::Sqrt, a);
+  TG_TRACE(Sqrt, out, {a}, {});
   if (!should_record(a)) return out;
   SavedTensor sy(out, "sqrt");
   return record("sqrt", {a}, std::move(out), [sy](const Tensor& g, const FunctionNode&) -> Grads {
@@ -155,6 +170,7 @@ Tensor sqrt(const Tensor& a) {
 
 Tensor abs(const Tensor& a) {
   Tensor out = native::unary(ElemOp::Abs, a);
+  TG_TRACE(Abs, out, {a}, {});
   if (!should_record(a)) return out;
   SavedTensor sx(a, "abs");
   return record("abs", {a}, std::move(out), [sx](const Tensor& g, const FunctionNode&) -> Grads {
@@ -164,6 +180,7 @@ Tensor abs(const Tensor& a) {
 
 Tensor relu(const Tensor& a) {
   Tensor out = native::unary(ElemOp::Relu, a);
+  TG_TRACE(Relu, out, {a}, {});
   if (!should_record(a)) return out;
   SavedTensor sy(out, "relu");  // y > 0 exactly where x > 0
   return record("relu", {a}, std::move(out), [sy](const Tensor& g, const FunctionNode&) -> Grads {
@@ -173,6 +190,7 @@ Tensor relu(const Tensor& a) {
 
 Tensor sigmoid(const Tensor& a) {
   Tensor out = native::unary(ElemOp::Sigmoid, a);
+  TG_TRACE(Sigmoid, out, {a}, {});
   if (!should_record(a)) return out;
   SavedTensor sy(out, "sigmoid");
   return record("sigmoid", {a}, std::move(out), [sy](const Tensor& g, const FunctionNode&) -> Grads {
@@ -182,6 +200,7 @@ Tensor sigmoid(const Tensor& a) {
 
 Tensor tanh(const Tensor& a) {
   Tensor out = native::unary(ElemOp::Tanh, a);
+  TG_TRACE(Tanh, out, {a}, {});
   if (!should_record(a)) return out;
   SavedTensor sy(out, "tanh");
   return record("tanh", {a}, std::move(out), [sy](const Tensor& g, const FunctionNode&) -> Grads {
@@ -191,6 +210,7 @@ Tensor tanh(const Tensor& a) {
 
 Tensor gelu(const Tensor& a) {
   Tensor out = native::unary(ElemOp::Gelu, a);
+  TG_TRACE(Gelu, out, {a}, {});
   if (!should_record(a)) return out;
   SavedTensor sx(a, "gelu");
   return record("gelu", {a}, std::move(out), [sx](const Tensor& g, const FunctionNode&) -> Grads {
@@ -201,6 +221,7 @@ Tensor gelu(const Tensor& a) {
 Tensor pow(const Tensor& a, Scalar exponent) {
   const double e = exponent.to_double();
   Tensor out = native::unary(ElemOp::PowScalar, a, e);
+  TG_TRACE(PowScalar, out, {a}, {{"exponent", detail::trace_scalar(exponent)}});
   if (!should_record(a)) return out;
   SavedTensor sx(a, "pow");
   return record("pow", {a}, std::move(out), [sx, e](const Tensor& g, const FunctionNode&) -> Grads {
@@ -210,6 +231,7 @@ Tensor pow(const Tensor& a, Scalar exponent) {
 
 Tensor pow(const Tensor& a, const Tensor& exponent) {
   Tensor out = native::binary(ElemOp::Pow, a, exponent);
+  TG_TRACE(Pow, out, {a, exponent}, {});
   if (!should_record(a, exponent)) return out;
   SavedTensor sa(a, "pow"), sb(exponent, "pow");
   SavedTensor sy = autograd::requires_grad(exponent) ? SavedTensor(out, "pow") : SavedTensor();
@@ -228,6 +250,7 @@ Tensor pow(const Tensor& a, const Tensor& exponent) {
 
 Tensor clamp(const Tensor& a, Scalar lo, Scalar hi) {
   Tensor out = native::unary(ElemOp::Clamp, a, lo.to_double(), hi.to_double());
+  TG_TRACE(Clamp, out, {a}, {{"lo", detail::trace_scalar(lo)}, {"hi", detail::trace_scalar(hi)}});
   if (!should_record(a)) return out;
   SavedTensor sx(a, "clamp");
   return record("clamp", {a}, std::move(out), [sx, lo, hi](const Tensor& g, const FunctionNode&) -> Grads {
@@ -238,8 +261,10 @@ Tensor clamp(const Tensor& a, Scalar lo, Scalar hi) {
 
 namespace {
 // maximum / minimum: the gradient goes to the selected input, split in half on ties.
-Tensor extremum(const char* name, ElemOp op, ElemOp wins, const Tensor& a, const Tensor& b) {
+Tensor extremum(const char* name, OpKind kind, ElemOp op, ElemOp wins, const Tensor& a, const Tensor& b) {
   Tensor out = native::binary(op, a, b);
+  if (detail::Tracer* tracer = detail::tls_tracer) [[unlikely]]
+    tracer->record(kind, out, {a, b}, {});
   if (!should_record(a, b)) return out;
   SavedTensor sa(a, name), sb(b, name);
   return record(name, {a, b}, std::move(out), [sa, sb, wins](const Tensor& g, const FunctionNode& n) -> Grads {
@@ -254,11 +279,12 @@ Tensor extremum(const char* name, ElemOp op, ElemOp wins, const Tensor& a, const
 }
 }  // namespace
 
-Tensor maximum(const Tensor& a, const Tensor& b) { return extremum("maximum", ElemOp::Maximum, ElemOp::Gt, a, b); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return extremum("minimum", ElemOp::Minimum, ElemOp::Lt, a, b); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return extremum("maximum", OpKind::Maximum, ElemOp::Maximum, ElemOp::Gt, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return extremum("minimum", OpKind::Minimum, ElemOp::Minimum, ElemOp::Lt, a, b); }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor out = native::where(cond, a, b);
+  TG_TRACE(Where, out, {cond, a, b}, {});
   if (!should_record(a, b)) return out;
   SavedTensor sc(cond, "where");
   return record("where", {a, b}, std::move(out), [sc](const Tensor& g, const FunctionNode& n) -> Grads {
@@ -269,11 +295,19 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 }
 
 // ---- comparisons: boolean results, never differentiable
-Tensor eq(const Tensor& a, const Tensor& b) { return native::binary(ElemOp::Eq, a, b); }
-Tensor ne(const Tensor& a, const Tensor& b) { return native::binary(ElemOp::Ne, a, b); }
-Tensor lt(const Tensor& a, const Tensor& b) { return native::binary(ElemOp::Lt, a, b); }
-Tensor le(const Tensor& a, const Tensor& b) { return native::binary(ElemOp::Le, a, b); }
-Tensor gt(const Tensor& a, const Tensor& b) { return native::binary(ElemOp::Gt, a, b); }
-Tensor ge(const Tensor& a, const Tensor& b) { return native::binary(ElemOp::Ge, a, b); }
+namespace {
+Tensor compare(OpKind kind, ElemOp op, const Tensor& a, const Tensor& b) {
+  Tensor out = native::binary(op, a, b);
+  if (detail::Tracer* tracer = detail::tls_tracer) [[unlikely]]
+    tracer->record(kind, out, {a, b}, {});
+  return out;
+}
+}  // namespace
+Tensor eq(const Tensor& a, const Tensor& b) { return compare(OpKind::Eq, ElemOp::Eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return compare(OpKind::Ne, ElemOp::Ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return compare(OpKind::Lt, ElemOp::Lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return compare(OpKind::Le, ElemOp::Le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return compare(OpKind::Gt, ElemOp::Gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return compare(OpKind::Ge, ElemOp::Ge, a, b); }
 
 }  // namespace tg

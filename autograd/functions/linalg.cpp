@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "autograd/function.h"
+#include "core/trace.h"
 
 namespace tg {
 
@@ -19,6 +20,7 @@ Tensor mT(const Tensor& t) { return native::transpose(t, t.dim() - 2, t.dim() - 
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor out = native::matmul(a, b);
+  TG_TRACE(Matmul, out, {a, b}, {});
   if (!should_record(a, b)) return out;
   SavedTensor sa = autograd::requires_grad(b) ? SavedTensor(a, "matmul") : SavedTensor();
   SavedTensor sb = autograd::requires_grad(a) ? SavedTensor(b, "matmul") : SavedTensor();

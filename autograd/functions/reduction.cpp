@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "autograd/function.h"
+#include "core/trace.h"
 
 namespace tg {
 
@@ -37,6 +38,7 @@ int64_t reduced_count(const Shape& shape, const std::vector<int64_t>& dims) {
 
 Tensor sum(const Tensor& a, DimList dims, bool keepdim) {
   Tensor out = native::reduce(ReduceOp::Sum, a, dims, keepdim);
+  TG_TRACE(Sum, out, {a}, {{"dims", dims.dims()}, {"keepdim", keepdim}});
   if (!should_record(a)) return out;
   auto rd = reduced_dims(dims, a, "sum");
   Shape in_shape = a.sizes();
@@ -47,6 +49,7 @@ Tensor sum(const Tensor& a, DimList dims, bool keepdim) {
 
 Tensor mean(const Tensor& a, DimList dims, bool keepdim) {
   Tensor out = native::reduce(ReduceOp::Mean, a, dims, keepdim);
+  TG_TRACE(Mean, out, {a}, {{"dims", dims.dims()}, {"keepdim", keepdim}});
   if (!should_record(a)) return out;
   auto rd = reduced_dims(dims, a, "mean");
   Shape in_shape = a.sizes();
@@ -59,6 +62,7 @@ Tensor mean(const Tensor& a, DimList dims, bool keepdim) {
 
 Tensor var(const Tensor& a, DimList dims, bool keepdim, int64_t correction) {
   Tensor out = native::reduce(ReduceOp::Var, a, dims, keepdim, correction);
+  TG_TRACE(Var, out, {a}, {{"dims", dims.dims()}, {"keepdim", keepdim}, {"correction", correction}});
   if (!should_record(a)) return out;
   auto rd = reduced_dims(dims, a, "var");
   SavedTensor sx(a, "var");
@@ -73,6 +77,7 @@ Tensor var(const Tensor& a, DimList dims, bool keepdim, int64_t correction) {
 
 Tensor std(const Tensor& a, DimList dims, bool keepdim, int64_t correction) {
   Tensor out = native::reduce(ReduceOp::Std, a, dims, keepdim, correction);
+  TG_TRACE(Std, out, {a}, {{"dims", dims.dims()}, {"keepdim", keepdim}, {"correction", correction}});
   if (!should_record(a)) return out;
   auto rd = reduced_dims(dims, a, "std");
   SavedTensor sx(a, "std"), sy(out, "std");
@@ -90,8 +95,10 @@ Tensor std(const Tensor& a, DimList dims, bool keepdim, int64_t correction) {
 
 namespace {
 // amax / amin: the gradient is split evenly among the elements equal to the result.
-Tensor extreme(const char* name, ReduceOp op, const Tensor& a, const DimList& dims, bool keepdim) {
+Tensor extreme(const char* name, OpKind kind, ReduceOp op, const Tensor& a, const DimList& dims, bool keepdim) {
   Tensor out = native::reduce(op, a, dims, keepdim);
+  if (detail::Tracer* tracer = detail::tls_tracer) [[unlikely]]
+    tracer->record(kind, out, {a}, {{"dims", dims.dims()}, {"keepdim", keepdim}});
   if (!should_record(a)) return out;
   auto rd = reduced_dims(dims, a, name);
   SavedTensor sx(a, name), sy(out, name);
@@ -105,9 +112,17 @@ Tensor extreme(const char* name, ReduceOp op, const Tensor& a, const DimList& di
 }
 }  // namespace
 
-Tensor amax(const Tensor& a, DimList dims, bool keepdim) { return extreme("amax", ReduceOp::Max, a, dims, keepdim); }
-Tensor amin(const Tensor& a, DimList dims, bool keepdim) { return extreme("amin", ReduceOp::Min, a, dims, keepdim); }
+Tensor amax(const Tensor& a, DimList dims, bool keepdim) { return extreme("amax", OpKind::Amax, ReduceOp::Max, a, dims, keepdim); }
+Tensor amin(const Tensor& a, DimList dims, bool keepdim) { return extreme("amin", OpKind::Amin, ReduceOp::Min, a, dims, keepdim); }
 
-Tensor argmax(const Tensor& a, std::optional<int64_t> dim, bool keepdim) { return native::argmax(a, dim, keepdim); }
+Tensor argmax(const Tensor& a, std::optional<int64_t> dim, bool keepdim) {
+  Tensor out = native::argmax(a, dim, keepdim);
+  if (detail::Tracer* tracer = detail::tls_tracer) [[unlikely]] {
+    std::vector<detail::TraceAttr> attrs{{"keepdim", keepdim}};
+    if (dim) attrs.push_back({"dim", *dim});
+    tracer->record(OpKind::Argmax, out, {a}, std::move(attrs));
+  }
+  return out;
+}
 
 }  // namespace tg

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "autograd/function.h"
+#include "core/trace.h"
 
 namespace tg {
 
@@ -30,16 +31,35 @@ int64_t slice_bound(int64_t v, int64_t size) {
 }
 }  // namespace
 
-Tensor Tensor::view(Shape shape) const { return reshape_back("view", *this, native::view(*this, std::move(shape))); }
-Tensor Tensor::reshape(Shape shape) const {
-  return reshape_back("reshape", *this, native::reshape(*this, std::move(shape)));
+Tensor Tensor::view(Shape shape) const {
+  Tensor out = native::view(*this, shape);
+  TG_TRACE(View, out, {*this}, {{"shape", std::vector<int64_t>(shape)}});
+  return reshape_back("view", *this, std::move(out));
 }
-Tensor Tensor::unsqueeze(int64_t dim) const { return reshape_back("unsqueeze", *this, native::unsqueeze(*this, dim)); }
-Tensor Tensor::squeeze() const { return reshape_back("squeeze", *this, native::squeeze(*this, std::nullopt)); }
-Tensor Tensor::squeeze(int64_t dim) const { return reshape_back("squeeze", *this, native::squeeze(*this, dim)); }
+Tensor Tensor::reshape(Shape shape) const {
+  Tensor out = native::reshape(*this, shape);
+  TG_TRACE(Reshape, out, {*this}, {{"shape", std::vector<int64_t>(shape)}});
+  return reshape_back("reshape", *this, std::move(out));
+}
+Tensor Tensor::unsqueeze(int64_t dim) const {
+  Tensor out = native::unsqueeze(*this, dim);
+  TG_TRACE(Unsqueeze, out, {*this}, {{"dim", dim}});
+  return reshape_back("unsqueeze", *this, std::move(out));
+}
+Tensor Tensor::squeeze() const {
+  Tensor out = native::squeeze(*this, std::nullopt);
+  TG_TRACE(Squeeze, out, {*this}, {});
+  return reshape_back("squeeze", *this, std::move(out));
+}
+Tensor Tensor::squeeze(int64_t dim) const {
+  Tensor out = native::squeeze(*this, dim);
+  TG_TRACE(Squeeze, out, {*this}, {{"dim", dim}});
+  return reshape_back("squeeze", *this, std::move(out));
+}
 
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
   Tensor out = native::transpose(*this, d0, d1);
+  TG_TRACE(Transpose, out, {*this}, {{"dim0", d0}, {"dim1", d1}});
   if (!should_record(*this)) return out;
   return record("transpose", {*this}, std::move(out),
                 [d0, d1](const Tensor& g, const FunctionNode&) -> Grads { return {native::transpose(g, d0, d1)}; });
@@ -47,9 +67,11 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
 
 Tensor Tensor::t() const {
   TG_CHECK(dim() <= 2, "t: expects a tensor with <= 2 dims, got shape ", sizes());
-  if (dim() < 2)
-    return reshape_back("t", *this,
-                        native::make_view(*this, sizes(), strides(), storage_offset()));  // itself, as torch
+  if (dim() < 2) {
+    Tensor out = native::make_view(*this, sizes(), strides(), storage_offset());  // itself, as torch
+    TG_TRACE(Alias, out, {*this}, {});
+    return reshape_back("t", *this, std::move(out));
+  }
   return transpose(0, 1);
 }
 
@@ -58,6 +80,7 @@ Tensor Tensor::permute(Shape dims) const {
   TG_CHECK(static_cast<int64_t>(dims.size()) == nd, "permute: ", dims.size(), " dims given for a tensor of shape ",
            sizes());
   Tensor out = native::permute(*this, dims);
+  TG_TRACE(Permute, out, {*this}, {{"dims", std::vector<int64_t>(dims)}});
   if (!should_record(*this)) return out;
   Shape inverse(static_cast<size_t>(nd));
   for (int64_t i = 0; i < nd; ++i) inverse[detail::wrap_dim(dims[i], nd, "permute")] = i;
@@ -67,6 +90,7 @@ Tensor Tensor::permute(Shape dims) const {
 
 Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) const {
   Tensor out = native::slice(*this, dim, start, end, step);
+  TG_TRACE(Slice, out, {*this}, {{"dim", dim}, {"start", start}, {"end", end}, {"step", step}});
   if (!should_record(*this)) return out;
   const int64_t d = detail::wrap_dim(dim, this->dim(), "slice");
   const int64_t s = slice_bound(start, size(d));
@@ -82,6 +106,7 @@ Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) cons
 
 Tensor Tensor::select(int64_t dim, int64_t index) const {
   Tensor out = native::select(*this, dim, index);
+  TG_TRACE(Select, out, {*this}, {{"dim", dim}, {"index", index}});
   if (!should_record(*this)) return out;
   const int64_t d = detail::wrap_dim(dim, this->dim(), "select");
   const int64_t i = index < 0 ? index + size(d) : index;
@@ -95,48 +120,16 @@ Tensor Tensor::select(int64_t dim, int64_t index) const {
 
 Tensor Tensor::expand(Shape sizes) const {
   Tensor out = native::expand(*this, sizes);
+  TG_TRACE(Expand, out, {*this}, {{"sizes", std::vector<int64_t>(sizes)}});
   if (!should_record(*this)) return out;
   // The engine sums the output-shaped gradient down to this input's shape.
   return record("expand", {*this}, std::move(out), [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
 }
 
-namespace {
-// Scatter-add of g's slices into zeros of in_shape along dim at `index` (the
-// backward of index_select). Built from gathers, which both backends have: the
-// positions are split into rounds in which every target occurs at most once,
-// and each round is one index_select from g plus an appended zero slice.
-Tensor index_add_from_gathers(const Tensor& g, const Shape& in_shape, int64_t dim, const Tensor& index) {
-  std::vector<int64_t> idx =
-      native::to(native::contiguous(index.dim() == 0 ? native::unsqueeze(index, 0) : index), Device(kCPU), kInt64)
-          .to_vector<int64_t>();
-  const int64_t n = static_cast<int64_t>(idx.size());
-  const int64_t target = in_shape[dim];
-  std::vector<int64_t> rank(idx.size()), seen(static_cast<size_t>(target), 0);
-  int64_t rounds = 0;
-  for (size_t i = 0; i < idx.size(); ++i) {
-    rank[i] = seen[idx[i]]++;
-    rounds = std::max(rounds, rank[i] + 1);
-  }
-  if (rounds == 0) return native::full(in_shape, 0, g.dtype(), g.device());
-  Shape slab = g.sizes();
-  slab[dim] = 1;
-  Tensor gext = native::cat({g, native::full(slab, 0, g.dtype(), g.device())}, dim);  // row n is zeros
-  Tensor result;
-  std::vector<int64_t> inv(static_cast<size_t>(target));
-  for (int64_t r = 0; r < rounds; ++r) {
-    std::fill(inv.begin(), inv.end(), n);
-    for (int64_t i = 0; i < n; ++i)
-      if (rank[i] == r) inv[idx[i]] = i;
-    Tensor inv_t = tensor_from_host(inv.data(), kInt64, Shape{target}, TensorOptions(kInt64).device(g.device()));
-    Tensor part = native::index_select(gext, dim, inv_t, false);
-    result = result.defined() ? native::add(result, part) : part;
-  }
-  return result;
-}
-}  // namespace
 
 Tensor Tensor::index_select(int64_t dim, const Tensor& index) const {
   Tensor out = native::index_select(*this, dim, index);
+  TG_TRACE(IndexSelect, out, {*this, index}, {{"dim", dim}});
   if (!should_record(*this)) return out;
   const int64_t d = detail::wrap_dim(dim, std::max<int64_t>(this->dim(), 1), "index_select");
   Shape in_shape = sizes();
@@ -144,7 +137,7 @@ Tensor Tensor::index_select(int64_t dim, const Tensor& index) const {
   return record("index_select", {*this}, std::move(out),
                 [in_shape, d, si](const Tensor& g, const FunctionNode&) -> Grads {
                   if (in_shape.empty()) return {native::reshape(g, in_shape)};  // 0-D input: a copy
-                  return {index_add_from_gathers(g, in_shape, d, si.unpack())};
+                  return {native::index_add_zeros(in_shape, d, si.unpack(), g)};
                 });
 }
 
@@ -156,6 +149,7 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) { return 
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   Tensor out = native::cat(tensors, dim);
+  TG_TRACE(Cat, out, tensors, {{"dim", dim}});
   if (!autograd::should_record_list(tensors)) return out;
   const int64_t d = detail::wrap_dim(dim, out.dim(), "cat");
   std::vector<int64_t> lengths;  // -1: an input that took no part (legacy empty 1-D)
@@ -175,6 +169,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 // ---- moves and copies
 Tensor Tensor::to(Device device, bool non_blocking) const {
   Tensor out = native::to(*this, device, dtype(), non_blocking);
+  TG_TRACE(To, out, {*this}, {{"dtype", out.dtype()}});  // device moves replay on the run's device
   if (out.is_same(*this) || !should_record(*this)) return out;
   const Device in_device = this->device();
   return record("to", {*this}, std::move(out), [in_device](const Tensor& g, const FunctionNode&) -> Grads {
@@ -186,6 +181,7 @@ Tensor Tensor::to(DType dtype) const { return to(device(), dtype); }
 
 Tensor Tensor::to(Device device, DType dtype) const {
   Tensor out = native::to(*this, device, dtype);
+  TG_TRACE(To, out, {*this}, {{"dtype", dtype}});
   if (out.is_same(*this) || !should_record(*this)) return out;
   const Device in_device = this->device();
   const DType in_dtype = this->dtype();
@@ -197,6 +193,7 @@ Tensor Tensor::to(Device device, DType dtype) const {
 Tensor Tensor::contiguous() const {
   if (is_contiguous()) return *this;
   Tensor out = native::contiguous(*this);
+  TG_TRACE(Contiguous, out, {*this}, {});
   if (!should_record(*this)) return out;
   return record("contiguous", {*this}, std::move(out),
                 [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
@@ -204,10 +201,15 @@ Tensor Tensor::contiguous() const {
 
 Tensor Tensor::clone() const {
   Tensor out = native::clone(*this);
+  TG_TRACE(Clone, out, {*this}, {});
   if (!should_record(*this)) return out;
   return record("clone", {*this}, std::move(out), [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
 }
 
-Tensor Tensor::detach() const { return autograd::alias(*this); }
+Tensor Tensor::detach() const {
+  Tensor out = autograd::alias(*this);
+  TG_TRACE(Alias, out, {*this}, {});
+  return out;
+}
 
 }  // namespace tg

@@ -138,6 +138,9 @@ class Backend {
   // out: contiguous, shape of in with dim replaced by index.numel(); index: contiguous
   // int64 or int32 on the same device, already validated in range.
   virtual void index_select(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index) = 0;
+  // out[..., index[i], ...] += src[..., i, ...] (the backward of index_select). out and src:
+  // contiguous, one floating dtype; index: contiguous int64/int32, validated; repeats add up.
+  virtual void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) = 0;
 };
 
 Backend& get(DeviceType type);

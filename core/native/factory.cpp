@@ -67,6 +67,16 @@ Tensor randperm(int64_t n, DType dtype, Device device) {
   return t;
 }
 
+Tensor randperm(int64_t n, DType dtype, Device device, uint64_t seed, uint64_t offset) {
+  TG_CHECK(n >= 0, "randperm: n must be non-negative, got ", n);
+  TG_CHECK(dtype == kInt64 || dtype == kInt32, "randperm: dtype must be int64 or int32, got ", dtype);
+  TG_CHECK(dtype == kInt64 || n <= INT32_MAX, "randperm: n = ", n, " does not fit in int32");
+  TG_CHECK(offset % 4 == 0, "randperm: the Philox offset must be a multiple of 4, got ", offset);
+  Tensor t = empty({n}, dtype, device);
+  if (n > 0) backend::get(t.device().type()).randperm(t, seed, offset);
+  return t;
+}
+
 Tensor arange(double start, double end, double step, DType dtype, Device device) {
   TG_CHECK(step != 0, "arange: step must be nonzero");
   TG_CHECK(std::isfinite(start) && std::isfinite(end), "arange: start and end must be finite, got ", start, " and ",

@@ -205,6 +205,16 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index, bool chec
   return out;
 }
 
+Tensor index_add_zeros(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
+  TG_CHECK(is_floating(src.dtype()), "index_add: src must be floating point, got ", src.dtype());
+  TG_CHECK(index.device() == src.device(), "index_add: src on ", src.device(), " but index on ", index.device());
+  Tensor out = full(shape, 0, src.dtype(), src.device());
+  if (src.numel() == 0) return out;
+  Tensor idx = contiguous(index.dim() == 0 ? make_view(index, {1}, {1}, index.storage_offset()) : index);
+  backend::get(src.device().type()).index_add(out, dim, idx, contiguous(src));
+  return out;
+}
+
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   TG_CHECK(!tensors.empty(), "cat: expected a non-empty list of tensors");
   const Tensor& first = tensors[0];

@@ -1,7 +1,9 @@
 // The umbrella header: everything in tapegrad's public API, namespace tg.
 #pragma once
 #include "core/cuda.h"
+#include "core/cuda_rtc.h"
 #include "core/device.h"
+#include "core/dlpack.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/ops.h"
@@ -10,4 +12,16 @@
 #include "core/tensor_options.h"
 #if __has_include("autograd/autograd.h")
 #include "autograd/autograd.h"
+#endif
+#if __has_include("autograd/custom_function.h")
+#include "autograd/custom_function.h"
+#endif
+#if __has_include("nn/nn.h")
+#include "nn/nn.h"
+#endif
+#if __has_include("data/data.h")
+#include "data/data.h"
+#endif
+#if __has_include("export/export.h")
+#include "export/export.h"
 #endif

@@ -32,6 +32,7 @@ void normal(const Tensor& out, uint64_t seed, uint64_t offset, double mean, doub
 void randperm(const Tensor& out, uint64_t seed, uint64_t offset);
 void arange(const Tensor& out, double start, double step);
 void index_select(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index);
+void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
 
 // Name of an elementwise op for error messages.
 const char* op_name(backend::ElemOp op);

@@ -84,7 +84,9 @@ void uniform(const Tensor& out, uint64_t seed, uint64_t offset, double lo, doubl
             } else {
               // Rounding to 16 bits can reach hi (u > 1 - 2^-12 gives 1.0 in half): keep [lo, hi).
               T v(u * range + base);
-              if (static_cast<float>(v) >= hi && hi > lo) v = next_below(T(static_cast<float>(hi)));
+              // hi as float arithmetic sees it (lo + (hi - lo)), the same test as the CUDA fill.
+              const float hi_f = base + range;
+              if (static_cast<float>(v) >= hi_f && range > 0) v = next_below(T(hi_f));
               dst[i] = v;
             }
           }

@@ -111,3 +111,39 @@ void index_select(const Tensor& out, const Tensor& in, int64_t dim, const Tensor
 }
 
 }  // namespace tg::cuda::kern
+
+// ---- index_add: out[o, index[j], i] += src[o, j, i]; repeated indices add up with atomics.
+namespace tg::cuda::kern {
+namespace {
+template <class S, class I>
+__global__ void index_add_kernel(S* out, const S* src, const I* index, int64_t total, int64_t n, int64_t inner,
+                                 int64_t out_dim) {
+  int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (u >= total) return;
+  int64_t i = u % inner, r = u / inner;
+  int64_t j = r % n, o = r / n;
+  atomicAdd(out + (o * out_dim + static_cast<int64_t>(index[j])) * inner + i, src[u]);
+}
+}  // namespace
+
+void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
+  TG_CHECK(out.dtype() == src.dtype(), "index_add: dtypes ", dtype_name(out.dtype()), " and ", dtype_name(src.dtype()));
+  cudaStream_t stream = detail::current_stream_handle(out.device().index());
+  int64_t inner = 1;
+  for (int64_t d = dim + 1; d < out.dim(); ++d) inner *= out.sizes()[d];
+  const int64_t out_dim = out.dim() > 0 ? out.sizes()[dim] : 1, n = index.numel(), total = src.numel();
+  if (total == 0) return;
+  dispatch<kFloats>(out.dtype(), "index_add", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    unsigned grid = static_cast<unsigned>((total + kThreads - 1) / kThreads);
+    auto go = [&](auto* idx) {
+      index_add_kernel<<<grid, kThreads, 0, stream>>>(static_cast<S*>(out.data_ptr()),
+                                                      static_cast<const S*>(src.data_ptr()), idx, total, n, inner,
+                                                      out_dim);
+      TG_CUDA_CHECK_LAUNCH();
+    };
+    if (index.dtype() == DType::Int64) go(static_cast<const int64_t*>(index.data_ptr()));
+    else go(static_cast<const int32_t*>(index.data_ptr()));
+  });
+}
+}  // namespace tg::cuda::kern

@@ -1,0 +1,274 @@
+// Multi-tensor apply: one kernel launch updates chunks of many tensors at once
+// (PyTorch's MultiTensorApply idea). The host packs, per launch, the addresses of
+// up to kMaxTensors<Depth> tensors from Depth parallel lists (e.g. params, grads,
+// exp_avg, exp_avg_sq) plus a per-tensor auxiliary pointer (e.g. a step count)
+// and a block -> (tensor, chunk) map into the kernel's argument struct, which
+// stays under the classic 4 KB kernel-parameter limit. A MultiTensorPlan is built
+// once for a list of tensors and relaunched as long as the pointers stay the same,
+// so a step costs a few launches and almost no host work.
+//
+// A kernel author writes a functor `f(meta, chunk_size, args...)` that runs on a
+// block; chunk_foreach<T, Depth, kWriteMask>(meta, chunk_size, op) does the loads
+// (16-byte vectors when aligned), calls op(M (&v)[Depth]) per element in "opmath"
+// M (float for half/bfloat16) and stores back the lists named in kWriteMask.
+// Used by the fused optimizers (optim/cuda) and the AMP grad scaler (amp/cuda).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "core/backend/cuda/runtime.h"
+#include "core/dtype.h"
+
+namespace tg::cuda::mt {
+
+inline constexpr int kBlockSize = 512;
+inline constexpr int kILP = 4;                // elements per thread per iteration
+inline constexpr int64_t kChunkSize = 65536;  // elements of one tensor per block
+inline constexpr int kMaxBlocks = 320;        // blocks per launch (one chunk each)
+
+// Tensors per launch by list depth, sized so TensorListMeta stays < 3.7 KB.
+template <int Depth>
+inline constexpr int kMaxTensors = Depth == 1 ? 80 : Depth == 2 ? 64 : Depth == 3 ? 48 : Depth == 4 ? 36 : 30;
+
+template <int Depth>
+struct TensorListMeta {
+  void* addresses[Depth][kMaxTensors<Depth>];
+  void* aux[kMaxTensors<Depth>];  // one extra pointer per tensor (may be null)
+  int64_t numel[kMaxTensors<Depth>];
+  uint8_t block_to_tensor[kMaxBlocks];
+  int32_t block_to_chunk[kMaxBlocks];
+  int32_t num_blocks;
+  int32_t num_tensors;
+};
+static_assert(sizeof(TensorListMeta<1>) <= 3700 && sizeof(TensorListMeta<2>) <= 3700 &&
+                  sizeof(TensorListMeta<3>) <= 3700 && sizeof(TensorListMeta<4>) <= 3700 &&
+                  sizeof(TensorListMeta<5>) <= 3700,
+              "kernel arguments must leave room under 4 KB");
+static_assert(kMaxTensors<1> < 256, "block_to_tensor is 8-bit");
+
+// One tensor (one element of each of the Depth lists) as the plan sees it.
+template <int Depth>
+struct TensorListEntry {
+  void* ptrs[Depth];
+  void* aux;
+  int64_t numel;
+  bool operator==(const TensorListEntry& o) const {
+    return std::memcmp(ptrs, o.ptrs, sizeof(ptrs)) == 0 && aux == o.aux && numel == o.numel;
+  }
+};
+
+template <int Depth, class Functor, class... Args>
+__global__ void __launch_bounds__(kBlockSize)
+    multi_tensor_kernel(TensorListMeta<Depth> meta, int64_t chunk_size, Functor f, Args... args) {
+  f(meta, chunk_size, args...);
+}
+
+// The launches for one list of tensors; rebuilt only when a pointer or size changes.
+template <int Depth>
+class MultiTensorPlan {
+ public:
+  MultiTensorPlan() = default;
+  explicit MultiTensorPlan(std::vector<TensorListEntry<Depth>> entries, int64_t chunk_size = kChunkSize)
+      : entries_(std::move(entries)), chunk_size_(chunk_size) {
+    build();
+  }
+  bool matches(const std::vector<TensorListEntry<Depth>>& entries) const { return entries == entries_; }
+  const std::vector<TensorListEntry<Depth>>& entries() const { return entries_; }
+  size_t num_launches() const { return launches_.size(); }
+
+  // Launches f over every chunk on `stream`; args are passed by value to every launch.
+  template <class Functor, class... Args>
+  void launch(cudaStream_t stream, Functor f, Args... args) const {
+    for (const auto& meta : launches_) {
+      multi_tensor_kernel<Depth><<<meta.num_blocks, kBlockSize, 0, stream>>>(meta, chunk_size_, f, args...);
+      TG_CUDA_CHECK_LAUNCH();
+    }
+  }
+
+ private:
+  void build() {
+    launches_.clear();
+    TensorListMeta<Depth> cur;
+    std::memset(&cur, 0, sizeof(cur));
+    int nt = 0, nb = 0;
+    auto flush = [&] {
+      cur.num_blocks = nb;
+      cur.num_tensors = nt;
+      launches_.push_back(cur);
+      std::memset(&cur, 0, sizeof(cur));
+      nt = nb = 0;
+    };
+    for (const auto& e : entries_) {
+      if (e.numel == 0) continue;
+      const int64_t chunks = (e.numel + chunk_size_ - 1) / chunk_size_;
+      bool in_cur = false;
+      for (int64_t c = 0; c < chunks; ++c) {
+        if (!in_cur) {
+          if (nt == kMaxTensors<Depth>) flush();
+          for (int d = 0; d < Depth; ++d) cur.addresses[d][nt] = e.ptrs[d];
+          cur.aux[nt] = e.aux;
+          cur.numel[nt] = e.numel;
+          ++nt;
+          in_cur = true;
+        }
+        cur.block_to_tensor[nb] = static_cast<uint8_t>(nt - 1);
+        cur.block_to_chunk[nb] = static_cast<int32_t>(c);
+        if (++nb == kMaxBlocks) {
+          flush();
+          in_cur = false;
+        }
+      }
+    }
+    if (nb > 0) flush();
+  }
+
+  std::vector<TensorListEntry<Depth>> entries_;
+  std::vector<TensorListMeta<Depth>> launches_;
+  int64_t chunk_size_ = kChunkSize;
+};
+
+// Calls f(T{}) with the CUDA type of a floating dtype (__half, __nv_bfloat16, float, double).
+template <class F>
+void dispatch_floating(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::Float32: f(float{}); return;
+    case DType::Float64: f(double{}); return;
+    case DType::Float16: f(__half{}); return;
+    case DType::BFloat16: f(__nv_bfloat16{}); return;
+    default: TG_ERROR(op, ": expected a floating dtype, got ", dtype_name(t));
+  }
+}
+
+// ---- device side
+
+template <class T>
+struct OpMath {
+  using type = T;
+};
+template <>
+struct OpMath<__half> {
+  using type = float;
+};
+template <>
+struct OpMath<__nv_bfloat16> {
+  using type = float;
+};
+template <class T>
+using opmath_t = typename OpMath<T>::type;
+
+template <class T>
+__device__ __forceinline__ opmath_t<T> to_opmath(T v) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __half2float(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(v);
+  else
+    return v;
+}
+template <class T>
+__device__ __forceinline__ T from_opmath(opmath_t<T> v) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(v);
+  else
+    return v;
+}
+
+template <class T>
+struct alignas(sizeof(T) * kILP) AlignedVec {
+  T v[kILP];
+};
+
+// This block's tensor slot, and the start and length of its chunk.
+struct BlockChunk {
+  int tensor;
+  int64_t offset;
+  int64_t n;
+};
+template <int Depth>
+__device__ __forceinline__ BlockChunk block_chunk(const TensorListMeta<Depth>& meta, int64_t chunk_size) {
+  const int tensor = meta.block_to_tensor[blockIdx.x];
+  const int64_t offset = static_cast<int64_t>(meta.block_to_chunk[blockIdx.x]) * chunk_size;
+  int64_t n = meta.numel[tensor] - offset;
+  return {tensor, offset, n < chunk_size ? n : chunk_size};
+}
+
+// Runs op(v) on every element of this block's chunk, v[d] being the element of
+// list d in opmath; the lists whose bit is set in kWriteMask are stored back.
+template <class T, int Depth, unsigned kWriteMask, class Op>
+__device__ __forceinline__ void chunk_foreach(const TensorListMeta<Depth>& meta, int64_t chunk_size, Op op) {
+  using M = opmath_t<T>;
+  const BlockChunk bc = block_chunk(meta, chunk_size);
+  T* ptr[Depth];
+  bool aligned = bc.n % kILP == 0 && chunk_size % kILP == 0;
+#pragma unroll
+  for (int d = 0; d < Depth; ++d) {
+    ptr[d] = static_cast<T*>(meta.addresses[d][bc.tensor]) + bc.offset;
+    aligned = aligned && reinterpret_cast<uintptr_t>(ptr[d]) % sizeof(AlignedVec<T>) == 0;
+  }
+  M r[Depth][kILP];
+  if (aligned) {
+    for (int64_t i = threadIdx.x; i * kILP < bc.n; i += blockDim.x) {
+#pragma unroll
+      for (int d = 0; d < Depth; ++d) {
+        AlignedVec<T> vec = reinterpret_cast<const AlignedVec<T>*>(ptr[d])[i];
+#pragma unroll
+        for (int ii = 0; ii < kILP; ++ii) r[d][ii] = to_opmath(vec.v[ii]);
+      }
+#pragma unroll
+      for (int ii = 0; ii < kILP; ++ii) {
+        M e[Depth];
+#pragma unroll
+        for (int d = 0; d < Depth; ++d) e[d] = r[d][ii];
+        op(e);
+#pragma unroll
+        for (int d = 0; d < Depth; ++d) r[d][ii] = e[d];
+      }
+#pragma unroll
+      for (int d = 0; d < Depth; ++d) {
+        if (kWriteMask & (1u << d)) {
+          AlignedVec<T> vec;
+#pragma unroll
+          for (int ii = 0; ii < kILP; ++ii) vec.v[ii] = from_opmath<T>(r[d][ii]);
+          reinterpret_cast<AlignedVec<T>*>(ptr[d])[i] = vec;
+        }
+      }
+    }
+  } else {
+    for (int64_t base = 0; base < bc.n; base += static_cast<int64_t>(blockDim.x) * kILP) {
+#pragma unroll
+      for (int ii = 0; ii < kILP; ++ii) {
+        const int64_t idx = base + threadIdx.x + static_cast<int64_t>(ii) * blockDim.x;
+#pragma unroll
+        for (int d = 0; d < Depth; ++d) r[d][ii] = idx < bc.n ? to_opmath(ptr[d][idx]) : M(0);
+      }
+#pragma unroll
+      for (int ii = 0; ii < kILP; ++ii) {
+        M e[Depth];
+#pragma unroll
+        for (int d = 0; d < Depth; ++d) e[d] = r[d][ii];
+        op(e);
+#pragma unroll
+        for (int d = 0; d < Depth; ++d) r[d][ii] = e[d];
+      }
+#pragma unroll
+      for (int ii = 0; ii < kILP; ++ii) {
+        const int64_t idx = base + threadIdx.x + static_cast<int64_t>(ii) * blockDim.x;
+        if (idx < bc.n) {
+#pragma unroll
+          for (int d = 0; d < Depth; ++d)
+            if (kWriteMask & (1u << d)) ptr[d][idx] = from_opmath<T>(r[d][ii]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace tg::cuda::mt

@@ -1,0 +1,156 @@
+// Kernels written by users and compiled at run time with NVRTC, the C++ answer
+// to cupy.RawKernel / cupy.ElementwiseKernel and numba's @vectorize(target='cuda').
+//
+//   tg::cuda::RawKernel k(R"(extern "C" __global__ void scale(float* x, float a, long long n) {...})", "scale");
+//   k.launch(blocks, threads, x, 2.0f, x.numel());          // on tg::cuda::current_stream()
+//   tg::cuda::ElementwiseKernel mul("double a, double b", "double c", "c = a * b", "gpu_mul");
+//   tg::Tensor c = mul(a, b);                                // broadcasting; CPU tensors go to the GPU and back
+//
+// Compiled code is cached in memory and on disk under $XDG_CACHE_HOME/tapegrad
+// (default ~/.cache/tapegrad), keyed by source, options, kernel name, NVRTC
+// version and GPU architecture. Built without CUDA, constructing either kernel
+// throws tg::Error.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "core/half.h"
+#include "core/tensor.h"
+
+namespace tg::cuda {
+
+// Grid or block dimensions; an integer converts to {n, 1, 1}.
+struct Dim3 {
+  Dim3(int64_t x_ = 1, int64_t y_ = 1, int64_t z_ = 1)  // NOLINT: implicit on purpose
+      : x(static_cast<unsigned>(x_)), y(static_cast<unsigned>(y_)), z(static_cast<unsigned>(z_)) {
+    TG_CHECK(x_ > 0 && y_ > 0 && z_ > 0 && x_ <= 0xFFFFFFFFLL && y_ <= 0xFFFFFFFFLL && z_ <= 0xFFFFFFFFLL,
+             "Dim3: dimensions must be in [1, 2^32), got {", x_, ", ", y_, ", ", z_, "}");
+  }
+  unsigned x, y, z;
+};
+
+namespace detail {
+
+// One kernel argument, held by value until the launch copies it.
+struct KernelArg {
+  alignas(16) unsigned char bytes[16] = {};
+  size_t size = 0;
+  int device = -2;  // the CUDA device of a tensor argument; -2 for scalars and raw pointers
+  const char* what = "scalar";
+};
+
+// A tensor goes in as its device pointer (data_ptr()); CPU tensors are an error at launch.
+KernelArg make_kernel_arg(const Tensor& t);
+
+template <typename T>
+KernelArg make_kernel_arg(const T& v) {
+  using U = std::decay_t<T>;
+  static_assert(std::is_arithmetic_v<U> || std::is_pointer_v<U> || std::is_same_v<U, Half> ||
+                    std::is_same_v<U, BFloat16> || std::is_null_pointer_v<U>,
+                "RawKernel::launch: arguments are tg::Tensor (passed as a device pointer), arithmetic "
+                "scalars (passed by value with their C++ type), tg::Half / tg::BFloat16 or raw device pointers");
+  KernelArg a;
+  if constexpr (std::is_null_pointer_v<U>) {
+    a.size = sizeof(void*);
+    a.what = "nullptr";
+  } else {
+    static_assert(sizeof(U) <= sizeof(a.bytes));
+    std::memcpy(a.bytes, &v, sizeof(U));
+    a.size = sizeof(U);
+    a.what = std::is_pointer_v<U> ? "pointer" : "scalar";
+  }
+  return a;
+}
+
+struct CompiledKernel;
+
+// Test hooks: NVRTC compilations done by this process, and dropping the
+// in-memory cache (the disk cache stays) so a test can observe a disk hit.
+int64_t rtc_compile_count();
+void rtc_clear_memory_cache();
+// The disk cache directory in use now ("" when neither XDG_CACHE_HOME nor HOME is set).
+std::string rtc_cache_dir();
+
+}  // namespace detail
+
+// A kernel compiled from CUDA C++ source with NVRTC for the current device's
+// architecture (-std=c++17, cuda_fp16.h / cuda_bf16.h includable). `name` is
+// the kernel's name: an extern "C" function's name, or a C++ name expression
+// such as "axpy<float>" for a template. Compile errors throw tg::Error with
+// NVRTC's log. Copies share the compiled module.
+class RawKernel {
+ public:
+  RawKernel(std::string source, std::string name, std::vector<std::string> options = {});
+
+  // Launches on tg::cuda::current_stream() of the current device. Arguments:
+  // tensors (their device pointer; they must be on the current device) and
+  // scalars (by value with their C++ type: pass 1.0f for a float parameter,
+  // int64_t{n} for a long long). The argument count and sizes are checked
+  // against the kernel's parameters when the driver can report them.
+  template <typename... Args>
+  void launch(Dim3 grid, Dim3 block, size_t shared_mem, const Args&... args) const {
+    std::vector<detail::KernelArg> packed;
+    packed.reserve(sizeof...(Args));
+    (packed.push_back(detail::make_kernel_arg(args)), ...);
+    launch_args(grid, block, shared_mem, packed);
+  }
+  // Without dynamic shared memory; the first kernel argument must not be a
+  // number (it would read as shared_mem): then use the overload above with 0.
+  template <typename First, typename... Rest>
+    requires(!std::is_arithmetic_v<std::decay_t<First>>)
+  void launch(Dim3 grid, Dim3 block, const First& first, const Rest&... rest) const {
+    launch(grid, block, size_t{0}, first, rest...);
+  }
+  void launch_args(Dim3 grid, Dim3 block, size_t shared_mem, const std::vector<detail::KernelArg>& args) const;
+
+  const std::string& name() const { return name_; }
+  // Parameter count reported by the driver (-1 when it cannot say).
+  int num_params() const;
+  // The largest block this kernel can be launched with on the current device.
+  int max_threads_per_block() const;
+
+ private:
+  std::string name_;
+  std::shared_ptr<detail::CompiledKernel> kernel_;
+};
+
+// An elementwise kernel generated from parameter lists and a body, like
+// cupy.ElementwiseKernel: in_params "double a, double b", out_params
+// "double c", body "c = a * b" (run once per element; `i` is the flat index
+// and `n` the element count). Types: float, double, int, long long / int64,
+// bool, half / __half, bfloat16. Inputs broadcast against each other and must
+// have the declared dtypes; outputs take the broadcast shape and are allocated
+// when not given. When every input is a CPU tensor, they are copied to the
+// current GPU and the outputs copied back (numba's @vectorize(target='cuda')).
+// The kernel compiles on first use.
+class ElementwiseKernel {
+ public:
+  ElementwiseKernel(std::string in_params, std::string out_params, std::string body,
+                    std::string name = "elementwise_kernel", std::vector<std::string> options = {});
+
+  // One output: returns it.
+  template <typename... Ts>
+    requires(std::is_convertible_v<const Ts&, const Tensor&> && ...)
+  Tensor operator()(const Ts&... inputs) const {
+    return single(call(std::vector<Tensor>{inputs...}));
+  }
+  // Any number of outputs; pass some or all (in order) to write into them.
+  std::vector<Tensor> call(const std::vector<Tensor>& inputs, std::vector<Tensor> outputs = {}) const;
+
+  const std::string& name() const { return name_; }
+  // The generated CUDA source (for reading and debugging).
+  const std::string& source() const;
+
+ private:
+  struct State;
+  Tensor single(std::vector<Tensor> outs) const;
+  std::string name_;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace tg::cuda

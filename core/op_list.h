@@ -1,0 +1,129 @@
+// The one list of public ops that can appear in a traced graph (export/) and
+// their autocast category (amp/). Everything that enumerates ops (tg::OpKind,
+// op names, the exporter's schemas and ONNX lowering, the autocast policy) is
+// generated from or checked against TG_FORALL_OPS, so the lists cannot drift.
+#pragma once
+#include <cstdint>
+#include <string_view>
+
+namespace tg {
+
+// How autocast treats an op: `Lower` runs in the autocast dtype (matmul-like),
+// `Fp32` runs in float32 (numerically sensitive), `Promote` casts its inputs to
+// their widest floating dtype (multi-input ops), `None` leaves it alone.
+enum class AutocastCategory : uint8_t { None, Lower, Fp32, Promote };
+
+// _(Enum name, "serialized name", autocast category)
+#define TG_FORALL_OPS(_)                    \
+  /* elementwise, tensor operands */        \
+  _(Add, "add", Promote)                    \
+  _(Sub, "sub", Promote)                    \
+  _(Mul, "mul", Promote)                    \
+  _(Div, "div", Promote)                    \
+  _(Pow, "pow", Fp32)                       \
+  _(Maximum, "maximum", Promote)            \
+  _(Minimum, "minimum", Promote)            \
+  _(Where, "where", Promote)                \
+  _(Eq, "eq", Promote)                      \
+  _(Ne, "ne", Promote)                      \
+  _(Lt, "lt", Promote)                      \
+  _(Le, "le", Promote)                      \
+  _(Gt, "gt", Promote)                      \
+  _(Ge, "ge", Promote)                      \
+  /* elementwise, one tensor and a scalar */ \
+  _(AddScalar, "add_scalar", None)          \
+  _(SubScalar, "sub_scalar", None)          \
+  _(RSubScalar, "rsub_scalar", None)        \
+  _(MulScalar, "mul_scalar", None)          \
+  _(DivScalar, "div_scalar", None)          \
+  _(RDivScalar, "rdiv_scalar", None)        \
+  _(PowScalar, "pow_scalar", Fp32)          \
+  _(EqScalar, "eq_scalar", None)            \
+  _(NeScalar, "ne_scalar", None)            \
+  _(LtScalar, "lt_scalar", None)            \
+  _(LeScalar, "le_scalar", None)            \
+  _(GtScalar, "gt_scalar", None)            \
+  _(GeScalar, "ge_scalar", None)            \
+  _(Clamp, "clamp", None)                   \
+  /* elementwise, unary */                  \
+  _(Neg, "neg", None)                       \
+  _(Exp, "exp", Fp32)                       \
+  _(Log, "log", Fp32)                       \
+  _(Sqrt, "sqrt", Fp32)                     \
+  _(Abs, "abs", None)                       \
+  _(Relu, "relu", None)                     \
+  _(Sigmoid, "sigmoid", None)               \
+  _(Tanh, "tanh", None)                     \
+  _(Gelu, "gelu", None)                     \
+  /* reductions */                          \
+  _(Sum, "sum", Fp32)                       \
+  _(Mean, "mean", Fp32)                     \
+  _(Var, "var", Fp32)                       \
+  _(Std, "std", Fp32)                       \
+  _(Amax, "amax", None)                     \
+  _(Amin, "amin", None)                     \
+  _(Argmax, "argmax", None)                 \
+  /* linear algebra */                      \
+  _(Matmul, "matmul", Lower)                \
+  /* views, gathers, copies */              \
+  _(Transpose, "transpose", None)           \
+  _(Permute, "permute", None)               \
+  _(View, "view", None)                     \
+  _(Reshape, "reshape", None)               \
+  _(Expand, "expand", None)                 \
+  _(Unsqueeze, "unsqueeze", None)           \
+  _(Squeeze, "squeeze", None)               \
+  _(Slice, "slice", None)                   \
+  _(Select, "select", None)                 \
+  _(IndexSelect, "index_select", None)      \
+  _(Cat, "cat", Promote)                    \
+  _(To, "to", None)                         \
+  _(Contiguous, "contiguous", None)         \
+  _(Clone, "clone", None)                   \
+  _(Alias, "alias", None) /* detach(), t() of a vector: same values */
+
+enum class OpKind : uint16_t {
+#define TG_OP_ENUM(name, str, cat) name,
+  TG_FORALL_OPS(TG_OP_ENUM)
+#undef TG_OP_ENUM
+};
+
+inline constexpr int kNumOps = 0
+#define TG_OP_COUNT(name, str, cat) +1
+    TG_FORALL_OPS(TG_OP_COUNT)
+#undef TG_OP_COUNT
+    ;
+
+constexpr const char* op_name(OpKind op) {
+  switch (op) {
+#define TG_OP_NAME(name, str, cat) \
+  case OpKind::name: return str;
+    TG_FORALL_OPS(TG_OP_NAME)
+#undef TG_OP_NAME
+  }
+  return "?";
+}
+
+constexpr AutocastCategory autocast_category(OpKind op) {
+  switch (op) {
+#define TG_OP_CAT(name, str, cat) \
+  case OpKind::name: return AutocastCategory::cat;
+    TG_FORALL_OPS(TG_OP_CAT)
+#undef TG_OP_CAT
+  }
+  return AutocastCategory::None;
+}
+
+// The op with serialized name `name`; false when there is none (e.g. a file from a newer version).
+constexpr bool op_from_name(std::string_view name, OpKind& out) {
+#define TG_OP_LOOKUP(n, str, cat) \
+  if (name == str) {              \
+    out = OpKind::n;              \
+    return true;                  \
+  }
+  TG_FORALL_OPS(TG_OP_LOOKUP)
+#undef TG_OP_LOOKUP
+  return false;
+}
+
+}  // namespace tg

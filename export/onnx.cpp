@@ -1,0 +1,480 @@
+// ExportedProgram::save_onnx: an ONNX ModelProto (IR version 8, opset 17)
+// written straight in the protobuf wire format, no protobuf library: varint and
+// length-delimited fields, with the field numbers of onnx/onnx.proto. Each tg op
+// lowers to one or a few ONNX nodes; scalars and weights become initializers.
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+#include "autograd/autograd.h"
+#include "core/native.h"
+#include "core/ops.h"
+#include "export/export.h"
+#include "export/program.h"
+
+namespace tg {
+
+using exporting::Node;
+using exporting::Program;
+using exporting::Value;
+
+namespace {
+
+// ---- protobuf wire format
+class Proto {
+ public:
+  void varint(uint64_t v) {
+    while (v >= 0x80) {
+      buf_.push_back(static_cast<char>((v & 0x7f) | 0x80));
+      v >>= 7;
+    }
+    buf_.push_back(static_cast<char>(v));
+  }
+  void key(int field, int wire_type) { varint(static_cast<uint64_t>(field) << 3 | static_cast<uint64_t>(wire_type)); }
+  void int_field(int field, int64_t v) {  // int32/int64/enum: negative values as 10-byte varints
+    key(field, 0);
+    varint(static_cast<uint64_t>(v));
+  }
+  void bytes_field(int field, std::string_view s) {
+    key(field, 2);
+    varint(s.size());
+    buf_.append(s);
+  }
+  void message_field(int field, const Proto& m) { bytes_field(field, m.buf_); }
+  void float_field(int field, float f) {
+    key(field, 5);
+    char b[4];
+    std::memcpy(b, &f, 4);  // little-endian hosts only (x86-64, aarch64)
+    buf_.append(b, 4);
+  }
+  const std::string& bytes() const { return buf_; }
+
+ private:
+  std::string buf_;
+};
+
+// onnx.proto field numbers
+namespace model { constexpr int kIrVersion = 1, kProducerName = 2, kProducerVersion = 3, kGraph = 7, kOpsetImport = 8; }
+namespace opset { constexpr int kDomain = 1, kVersion = 2; }
+namespace graph { constexpr int kNode = 1, kName = 2, kInitializer = 5, kInput = 11, kOutput = 12; }
+namespace node { constexpr int kInput = 1, kOutput = 2, kName = 3, kOpType = 4, kAttribute = 5; }
+namespace attr {
+constexpr int kName = 1, kF = 2, kI = 3, kInts = 8, kType = 20;
+constexpr int kFloat = 1, kInt = 2, kIntsType = 7;
+}  // namespace attr
+namespace tensor_proto { constexpr int kDims = 1, kDataType = 2, kName = 8, kRawData = 9; }
+namespace value_info { constexpr int kName = 1, kType = 2; }
+namespace type_proto { constexpr int kTensorType = 1, kElemType = 1, kShape = 2; }
+namespace shape_proto { constexpr int kDim = 1, kDimValue = 1, kDimParam = 2; }
+
+constexpr int64_t kIrVersion = 8;
+constexpr int64_t kOpset = 17;
+
+int onnx_type(DType t) {
+  switch (t) {
+    case DType::Float32: return 1;
+    case DType::Float16: return 10;
+    case DType::BFloat16: return 16;
+    case DType::Float64: return 11;
+    case DType::Int64: return 7;
+    case DType::Int32: return 6;
+    case DType::Bool: return 9;
+  }
+  return 0;
+}
+
+struct OnnxAttr {
+  std::string name;
+  int type;
+  int64_t i = 0;
+  float f = 0;
+  std::vector<int64_t> ints;
+};
+OnnxAttr attr_int(std::string name, int64_t v) { return {std::move(name), attr::kInt, v, 0, {}}; }
+OnnxAttr attr_ints(std::string name, std::vector<int64_t> v) { return {std::move(name), attr::kIntsType, 0, 0, std::move(v)}; }
+
+class OnnxGraph {
+ public:
+  explicit OnnxGraph(const Program& p) : p_(p) {}
+
+  // Emits one node; returns its (single) output name.
+  std::string node(const std::string& op, const std::vector<std::string>& inputs, std::string output = "",
+                   const std::vector<OnnxAttr>& attrs = {}) {
+    if (output.empty()) output = fresh();
+    Proto n;
+    for (const auto& i : inputs) n.bytes_field(node::kInput, i);
+    n.bytes_field(node::kOutput, output);
+    n.bytes_field(node::kName, "n" + std::to_string(nodes_.size()) + "_" + op);
+    n.bytes_field(node::kOpType, op);
+    for (const auto& a : attrs) {
+      Proto pa;
+      pa.bytes_field(attr::kName, a.name);
+      pa.int_field(attr::kType, a.type);
+      if (a.type == attr::kInt) pa.int_field(attr::kI, a.i);
+      else if (a.type == attr::kFloat) pa.float_field(attr::kF, a.f);
+      else
+        for (int64_t v : a.ints) pa.int_field(attr::kInts, v);
+      n.message_field(node::kAttribute, pa);
+    }
+    nodes_.push_back(std::move(n));
+    return output;
+  }
+
+  // An initializer holding `t` (any device/layout).
+  std::string initializer(const Tensor& t, std::string name = "") {
+    if (name.empty()) name = fresh();
+    Tensor c = t.to(Device(kCPU)).contiguous();
+    std::string raw(c.nbytes(), '\0');
+    if (!raw.empty()) c.copy_to_host(raw.data());
+    Proto pt;
+    for (int64_t d : c.sizes()) pt.int_field(tensor_proto::kDims, d);
+    pt.int_field(tensor_proto::kDataType, onnx_type(c.dtype()));
+    pt.bytes_field(tensor_proto::kName, name);
+    pt.bytes_field(tensor_proto::kRawData, raw);
+    inits_.push_back(std::move(pt));
+    return name;
+  }
+  std::string scalar(Scalar s, DType dtype) { return initializer(full({}, s, dtype)); }
+  std::string ints(const std::vector<int64_t>& v) {
+    return initializer(tensor(v, Shape{static_cast<int64_t>(v.size())}, kInt64));
+  }
+  // x as `to` (a Cast node when the dtypes differ).
+  std::string as(const std::string& x, DType from, DType to) {
+    if (from == to) return x;
+    return node("Cast", {x}, "", {attr_int("to", onnx_type(to))});
+  }
+
+  Proto value_info(const std::string& name, DType dtype, const Shape& shape) const {
+    Proto dims;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      Proto dim;
+      if (shape[d] == exporting::kBatch && d == 0) dim.bytes_field(shape_proto::kDimParam, "batch");
+      else dim.int_field(shape_proto::kDimValue, shape[d]);
+      dims.message_field(shape_proto::kDim, dim);
+    }
+    Proto tensor_type;
+    tensor_type.int_field(type_proto::kElemType, onnx_type(dtype));
+    tensor_type.message_field(type_proto::kShape, dims);
+    Proto type;
+    type.message_field(type_proto::kTensorType, tensor_type);
+    Proto vi;
+    vi.bytes_field(value_info::kName, name);
+    vi.message_field(value_info::kType, type);
+    return vi;
+  }
+
+  std::string model() const {
+    Proto g;
+    for (const auto& n : nodes_) g.message_field(graph::kNode, n);
+    g.bytes_field(graph::kName, "tapegrad_export");
+    for (const auto& t : inits_) g.message_field(graph::kInitializer, t);
+    for (int id : p_.inputs) {
+      const Value& v = p_.values[id];
+      g.message_field(graph::kInput, value_info(v.name, v.dtype, v.shape));
+    }
+    for (size_t i = 0; i < p_.outputs.size(); ++i) {
+      const Value& v = p_.values[p_.outputs[i]];
+      g.message_field(graph::kOutput, value_info("output_" + std::to_string(i), v.dtype, v.shape));
+    }
+    Proto op;
+    op.bytes_field(opset::kDomain, "");
+    op.int_field(opset::kVersion, kOpset);
+    Proto m;
+    m.int_field(model::kIrVersion, kIrVersion);
+    m.bytes_field(model::kProducerName, "tapegrad");
+    m.bytes_field(model::kProducerVersion, version());
+    m.message_field(model::kGraph, g);
+    m.message_field(model::kOpsetImport, op);
+    return m.bytes();
+  }
+
+  std::string fresh() { return "_t" + std::to_string(counter_++); }
+
+ private:
+  const Program& p_;
+  std::vector<Proto> nodes_;
+  std::vector<Proto> inits_;
+  int counter_ = 0;
+};
+
+int64_t wrap(int64_t d, int64_t rank, const Node& n) {
+  return detail::wrap_dim(d, rank, op_name(n.op));
+}
+
+// The axes a reduction's "dims" attribute names (empty: all), wrapped and sorted.
+std::vector<int64_t> reduce_axes(const Node& n, int64_t rank) {
+  std::vector<int64_t> dims = exporting::attr_ints(n, "dims");
+  if (rank == 0) return {};
+  return detail::reduce_dims(DimList(dims), rank, op_name(n.op));
+}
+
+// Lowers node n; `in` are the ONNX names of its operands, `out` the name of its result.
+void lower(OnnxGraph& g, const Program& p, const Node& n, const std::vector<std::string>& in, const std::string& out) {
+  const Value& ov = p.values[n.output];
+  const DType odt = ov.dtype;
+  auto iv = [&](size_t i) -> const Value& { return p.values[n.inputs.at(i)]; };
+  auto in_as = [&](size_t i, DType t) { return g.as(in[i], iv(i).dtype, t); };
+  auto unsupported = [&](const std::string& why) {
+    TG_ERROR("save_onnx: cannot export ", exporting::describe_node(p, n), ": ", why);
+  };
+  auto binary = [&](const char* op) { g.node(op, {in_as(0, odt), in_as(1, odt)}, out); };
+  auto unary = [&](const char* op) { g.node(op, {in_as(0, odt)}, out); };
+  auto with_scalar = [&](const char* op, bool scalar_first) {
+    std::string x = in_as(0, odt), s = g.scalar(exporting::attr_scalar(n, "other"), odt);
+    g.node(op, scalar_first ? std::vector<std::string>{s, x} : std::vector<std::string>{x, s}, out);
+  };
+  auto compare = [&](const char* op, bool negate, bool scalar) {
+    std::string a, b;
+    if (scalar) {
+      Scalar s = exporting::attr_scalar(n, "other");
+      const DType t = native::result_type(empty({0}, iv(0).dtype), s);
+      a = in_as(0, t);
+      b = g.scalar(s, t);
+    } else {
+      const DType t = promote_types(iv(0).dtype, iv(1).dtype);
+      a = in_as(0, t);
+      b = in_as(1, t);
+    }
+    if (negate) g.node("Not", {g.node(op, {a, b})}, out);
+    else g.node(op, {a, b}, out);
+  };
+  auto moment = [&](bool is_std) {
+    const Value& x = iv(0);
+    auto axes = reduce_axes(n, static_cast<int64_t>(x.shape.size()));
+    if (axes.empty())
+      for (int64_t d = 0; d < static_cast<int64_t>(x.shape.size()); ++d) axes.push_back(d);
+    int64_t count = 1;
+    for (int64_t d : axes) {
+      if (x.shape[d] == exporting::kBatch && d == 0) unsupported("var/std over the dynamic batch dim");
+      count *= x.shape[d];
+    }
+    const bool keep = exporting::attr_bool(n, "keepdim");
+    std::string xi = in_as(0, odt);
+    std::string m = g.node("ReduceMean", {xi}, "", {attr_ints("axes", axes), attr_int("keepdims", 1)});
+    std::string d = g.node("Sub", {xi, m});
+    std::string s = g.node("ReduceSum", {g.node("Mul", {d, d}), g.ints(axes)}, "", {attr_int("keepdims", keep)});
+    const double denom = static_cast<double>(count - exporting::attr_int(n, "correction"));
+    if (!is_std) {
+      g.node("Div", {s, g.scalar(denom, odt)}, out);
+    } else {
+      g.node("Sqrt", {g.node("Div", {s, g.scalar(denom, odt)})}, out);
+    }
+  };
+  const int64_t in_rank = n.inputs.empty() ? 0 : static_cast<int64_t>(iv(0).shape.size());
+
+  switch (n.op) {
+    case OpKind::Add:
+    case OpKind::Sub: {
+      std::string b = in_as(1, odt);
+      Scalar alpha = exporting::attr_scalar(n, "alpha");
+      if (alpha.to_double() != 1) b = g.node("Mul", {b, g.scalar(alpha, odt)});
+      g.node(n.op == OpKind::Add ? "Add" : "Sub", {in_as(0, odt), b}, out);
+      return;
+    }
+    case OpKind::Mul: return binary("Mul");
+    case OpKind::Div: return binary("Div");
+    case OpKind::Pow: return binary("Pow");
+    case OpKind::Maximum: return binary("Max");
+    case OpKind::Minimum: return binary("Min");
+    case OpKind::Where: {
+      g.node("Where", {in_as(0, kBool), in_as(1, odt), in_as(2, odt)}, out);
+      return;
+    }
+    case OpKind::Eq: return compare("Equal", false, false);
+    case OpKind::Ne: return compare("Equal", true, false);
+    case OpKind::Lt: return compare("Less", false, false);
+    case OpKind::Le: return compare("LessOrEqual", false, false);
+    case OpKind::Gt: return compare("Greater", false, false);
+    case OpKind::Ge: return compare("GreaterOrEqual", false, false);
+    case OpKind::EqScalar: return compare("Equal", false, true);
+    case OpKind::NeScalar: return compare("Equal", true, true);
+    case OpKind::LtScalar: return compare("Less", false, true);
+    case OpKind::LeScalar: return compare("LessOrEqual", false, true);
+    case OpKind::GtScalar: return compare("Greater", false, true);
+    case OpKind::GeScalar: return compare("GreaterOrEqual", false, true);
+    case OpKind::AddScalar: return with_scalar("Add", false);
+    case OpKind::SubScalar: return with_scalar("Sub", false);
+    case OpKind::RSubScalar: return with_scalar("Sub", true);
+    case OpKind::MulScalar: return with_scalar("Mul", false);
+    case OpKind::DivScalar: return with_scalar("Div", false);
+    case OpKind::RDivScalar: return with_scalar("Div", true);
+    case OpKind::PowScalar: {
+      g.node("Pow", {in_as(0, odt), g.scalar(exporting::attr_scalar(n, "exponent"), odt)}, out);
+      return;
+    }
+    case OpKind::Clamp: {
+      g.node("Clip",
+             {in_as(0, odt), g.scalar(exporting::attr_scalar(n, "lo"), odt),
+              g.scalar(exporting::attr_scalar(n, "hi"), odt)},
+             out);
+      return;
+    }
+    case OpKind::Neg: return unary("Neg");
+    case OpKind::Exp: return unary("Exp");
+    case OpKind::Log: return unary("Log");
+    case OpKind::Sqrt: return unary("Sqrt");
+    case OpKind::Abs: return unary("Abs");
+    case OpKind::Relu: return unary("Relu");
+    case OpKind::Sigmoid: return unary("Sigmoid");
+    case OpKind::Tanh: return unary("Tanh");
+    case OpKind::Gelu: {  // opset 17 has no Gelu: 0.5 * x * (1 + erf(x / sqrt(2)))
+      std::string x = in_as(0, odt);
+      std::string e = g.node("Erf", {g.node("Div", {x, g.scalar(1.4142135623730951, odt)})});
+      std::string h = g.node("Mul", {x, g.node("Add", {e, g.scalar(1.0, odt)})});
+      g.node("Mul", {h, g.scalar(0.5, odt)}, out);
+      return;
+    }
+    case OpKind::Sum: {
+      auto axes = reduce_axes(n, in_rank);
+      std::vector<std::string> ins{in_as(0, odt)};
+      if (!axes.empty()) ins.push_back(g.ints(axes));
+      g.node("ReduceSum", ins, out, {attr_int("keepdims", exporting::attr_bool(n, "keepdim"))});
+      return;
+    }
+    case OpKind::Mean:
+    case OpKind::Amax:
+    case OpKind::Amin: {
+      const char* op = n.op == OpKind::Mean ? "ReduceMean" : n.op == OpKind::Amax ? "ReduceMax" : "ReduceMin";
+      auto axes = reduce_axes(n, in_rank);
+      std::vector<OnnxAttr> attrs{attr_int("keepdims", exporting::attr_bool(n, "keepdim"))};
+      if (!axes.empty()) attrs.push_back(attr_ints("axes", axes));  // opset 17: an attribute
+      g.node(op, {in_as(0, odt)}, out, attrs);
+      return;
+    }
+    case OpKind::Var: return moment(false);
+    case OpKind::Std: return moment(true);
+    case OpKind::Argmax: {
+      const bool keep = exporting::attr_bool(n, "keepdim");
+      if (exporting::find_attr(n, "dim")) {
+        g.node("ArgMax", {in[0]}, out,
+               {attr_int("axis", wrap(exporting::attr_int(n, "dim"), std::max<int64_t>(in_rank, 1), n)),
+                attr_int("keepdims", keep)});
+      } else {
+        std::string flat = g.node("Reshape", {in[0], g.ints({-1})});
+        std::string r = g.node("ArgMax", {flat}, "", {attr_int("axis", 0), attr_int("keepdims", 0)});
+        std::vector<int64_t> shape(ov.shape.begin(), ov.shape.end());
+        g.node("Reshape", {r, g.ints(shape)}, out);
+      }
+      return;
+    }
+    case OpKind::Matmul: return binary("MatMul");
+    case OpKind::Transpose: {
+      std::vector<int64_t> perm;
+      for (int64_t d = 0; d < in_rank; ++d) perm.push_back(d);
+      if (in_rank > 0)
+        std::swap(perm[wrap(exporting::attr_int(n, "dim0"), in_rank, n)],
+                  perm[wrap(exporting::attr_int(n, "dim1"), in_rank, n)]);
+      g.node("Transpose", {in[0]}, out, {attr_ints("perm", perm)});
+      return;
+    }
+    case OpKind::Permute: {
+      std::vector<int64_t> perm;
+      for (int64_t d : exporting::attr_ints(n, "dims")) perm.push_back(wrap(d, in_rank, n));
+      g.node("Transpose", {in[0]}, out, {attr_ints("perm", perm)});
+      return;
+    }
+    case OpKind::View:
+    case OpKind::Reshape: {
+      auto shape = exporting::attr_ints(n, "shape");
+      for (int64_t s : shape)
+        if (s == 0) unsupported("a reshape to a size-0 dim");
+      g.node("Reshape", {in[0], g.ints(shape)}, out);
+      return;
+    }
+    case OpKind::Expand: {
+      auto sizes = exporting::attr_ints(n, "sizes");
+      for (int64_t& s : sizes)
+        if (s == -1) s = 1;  // ONNX Expand broadcasts: 1 keeps the input's size
+      g.node("Expand", {in[0], g.ints(sizes)}, out);
+      return;
+    }
+    case OpKind::Unsqueeze: {
+      g.node("Unsqueeze", {in[0], g.ints({wrap(exporting::attr_int(n, "dim"), in_rank + 1, n)})}, out);
+      return;
+    }
+    case OpKind::Squeeze: {
+      std::vector<int64_t> axes;
+      const Shape& s = iv(0).shape;
+      if (exporting::find_attr(n, "dim")) {
+        if (in_rank > 0) {
+          int64_t d = wrap(exporting::attr_int(n, "dim"), in_rank, n);
+          if (s[d] == 1) axes.push_back(d);
+        }
+      } else {
+        for (int64_t d = 0; d < in_rank; ++d)
+          if (s[d] == 1) axes.push_back(d);
+      }
+      if (axes.empty()) g.node("Identity", {in[0]}, out);
+      else g.node("Squeeze", {in[0], g.ints(axes)}, out);
+      return;
+    }
+    case OpKind::Slice: {
+      const int64_t step = exporting::attr_int(n, "step");
+      if (step <= 0) unsupported("a non-positive slice step");
+      g.node("Slice",
+             {in[0], g.ints({exporting::attr_int(n, "start")}), g.ints({exporting::attr_int(n, "end")}),
+              g.ints({wrap(exporting::attr_int(n, "dim"), in_rank, n)}), g.ints({step})},
+             out);
+      return;
+    }
+    case OpKind::Select: {
+      std::string idx = g.initializer(full({}, exporting::attr_int(n, "index"), kInt64));
+      g.node("Gather", {in[0], idx}, out, {attr_int("axis", wrap(exporting::attr_int(n, "dim"), in_rank, n))});
+      return;
+    }
+    case OpKind::IndexSelect: {
+      std::string idx = in_as(1, kInt64);
+      if (iv(1).shape.empty()) idx = g.node("Unsqueeze", {idx, g.ints({0})});
+      if (in_rank == 0) unsupported("index_select on a 0-d tensor");
+      g.node("Gather", {in[0], idx}, out, {attr_int("axis", wrap(exporting::attr_int(n, "dim"), in_rank, n))});
+      return;
+    }
+    case OpKind::Cat: {
+      std::vector<std::string> ins;
+      for (size_t i = 0; i < in.size(); ++i) {
+        if (iv(i).shape.size() != ov.shape.size()) continue;  // legacy empty 1-D operands take no part
+        ins.push_back(in_as(i, odt));
+      }
+      g.node("Concat", ins, out,
+             {attr_int("axis", wrap(exporting::attr_int(n, "dim"), static_cast<int64_t>(ov.shape.size()), n))});
+      return;
+    }
+    case OpKind::To: {
+      g.node("Cast", {in[0]}, out, {attr_int("to", onnx_type(exporting::attr_dtype(n, "dtype")))});
+      return;
+    }
+    case OpKind::Contiguous:
+    case OpKind::Clone:
+    case OpKind::Alias: g.node("Identity", {in[0]}, out); return;
+  }
+  unsupported("no ONNX lowering for this op");
+}
+
+}  // namespace
+
+void ExportedProgram::save_onnx(const std::string& path) const {
+  const Program& p = program();
+  NoGradGuard no_grad;
+  OnnxGraph g(p);
+  // Graph inputs keep their names (x, x0, ...); the other values are prefixed so they
+  // never collide with them, with generated temporaries (_t*) or with the outputs (output_*).
+  auto name = [&](int id) {
+    const Value& v = p.values[id];
+    return v.kind == exporting::ValueKind::Input ? v.name : "v_" + v.name;
+  };
+  for (int id : p.constants) g.initializer(p.weights.at(p.values[id].key), name(id));
+  for (const Node& n : p.nodes) {
+    std::vector<std::string> in;
+    for (int id : n.inputs) in.push_back(name(id));
+    lower(g, p, n, in, name(n.output));
+  }
+  for (size_t i = 0; i < p.outputs.size(); ++i) g.node("Identity", {name(p.outputs[i])}, "output_" + std::to_string(i));
+  std::string bytes = g.model();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  TG_CHECK(out.good(), "save_onnx: cannot write ", path);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.flush();
+  TG_CHECK(out.good(), "save_onnx: error writing ", path);
+}
+
+}  // namespace tg

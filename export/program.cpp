@@ -1,0 +1,483 @@
+// The exported program: op schemas, validation, the printed graph and the
+// executor behind ExportedProgram::run.
+#include "export/program.h"
+
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <sstream>
+
+#include "autograd/autograd.h"
+#include "core/ops.h"
+#include "export/export.h"
+
+namespace tg::exporting {
+
+const char* value_kind_name(ValueKind k) {
+  switch (k) {
+    case ValueKind::Input: return "input";
+    case ValueKind::Parameter: return "parameter";
+    case ValueKind::Buffer: return "buffer";
+    case ValueKind::Constant: return "constant";
+    case ValueKind::Node: return "node";
+  }
+  return "?";
+}
+
+const OpSchema& op_schema(OpKind op) {
+  using T = AttrType;
+  static const OpSchema kBinary{2, {}};
+  static const OpSchema kUnary{1, {}};
+  static const OpSchema kAlpha{2, {{"alpha", T::Scalar}}};
+  static const OpSchema kWhere{3, {}};
+  static const OpSchema kScalar{1, {{"other", T::Scalar}}};
+  static const OpSchema kPowScalar{1, {{"exponent", T::Scalar}}};
+  static const OpSchema kClamp{1, {{"lo", T::Scalar}, {"hi", T::Scalar}}};
+  static const OpSchema kReduce{1, {{"dims", T::Ints}, {"keepdim", T::Bool}}};
+  static const OpSchema kMoment{1, {{"dims", T::Ints}, {"keepdim", T::Bool}, {"correction", T::Int}}};
+  static const OpSchema kArgmax{1, {{"keepdim", T::Bool}, {"dim", T::Int, true}}};
+  static const OpSchema kTranspose{1, {{"dim0", T::Int}, {"dim1", T::Int}}};
+  static const OpSchema kPermute{1, {{"dims", T::Ints}}};
+  static const OpSchema kShape{1, {{"shape", T::Ints}}};
+  static const OpSchema kExpand{1, {{"sizes", T::Ints}}};
+  static const OpSchema kDim{1, {{"dim", T::Int}}};
+  static const OpSchema kSqueeze{1, {{"dim", T::Int, true}}};
+  static const OpSchema kSlice{1, {{"dim", T::Int}, {"start", T::Int}, {"end", T::Int}, {"step", T::Int}}};
+  static const OpSchema kSelect{1, {{"dim", T::Int}, {"index", T::Int}}};
+  static const OpSchema kIndexSelect{2, {{"dim", T::Int}}};
+  static const OpSchema kCat{-1, {{"dim", T::Int}}};
+  static const OpSchema kTo{1, {{"dtype", T::DType}}};
+  switch (op) {  // no default: a new op in TG_FORALL_OPS is a -Wswitch warning here
+    case OpKind::Add:
+    case OpKind::Sub: return kAlpha;
+    case OpKind::Mul:
+    case OpKind::Div:
+    case OpKind::Pow:
+    case OpKind::Maximum:
+    case OpKind::Minimum:
+    case OpKind::Eq:
+    case OpKind::Ne:
+    case OpKind::Lt:
+    case OpKind::Le:
+    case OpKind::Gt:
+    case OpKind::Ge:
+    case OpKind::Matmul: return kBinary;
+    case OpKind::Where: return kWhere;
+    case OpKind::AddScalar:
+    case OpKind::SubScalar:
+    case OpKind::RSubScalar:
+    case OpKind::MulScalar:
+    case OpKind::DivScalar:
+    case OpKind::RDivScalar:
+    case OpKind::EqScalar:
+    case OpKind::NeScalar:
+    case OpKind::LtScalar:
+    case OpKind::LeScalar:
+    case OpKind::GtScalar:
+    case OpKind::GeScalar: return kScalar;
+    case OpKind::PowScalar: return kPowScalar;
+    case OpKind::Clamp: return kClamp;
+    case OpKind::Neg:
+    case OpKind::Exp:
+    case OpKind::Log:
+    case OpKind::Sqrt:
+    case OpKind::Abs:
+    case OpKind::Relu:
+    case OpKind::Sigmoid:
+    case OpKind::Tanh:
+    case OpKind::Gelu:
+    case OpKind::Contiguous:
+    case OpKind::Clone:
+    case OpKind::Alias: return kUnary;
+    case OpKind::Sum:
+    case OpKind::Mean:
+    case OpKind::Amax:
+    case OpKind::Amin: return kReduce;
+    case OpKind::Var:
+    case OpKind::Std: return kMoment;
+    case OpKind::Argmax: return kArgmax;
+    case OpKind::Transpose: return kTranspose;
+    case OpKind::Permute: return kPermute;
+    case OpKind::View:
+    case OpKind::Reshape: return kShape;
+    case OpKind::Expand: return kExpand;
+    case OpKind::Unsqueeze: return kDim;
+    case OpKind::Squeeze: return kSqueeze;
+    case OpKind::Slice: return kSlice;
+    case OpKind::Select: return kSelect;
+    case OpKind::IndexSelect: return kIndexSelect;
+    case OpKind::Cat: return kCat;
+    case OpKind::To: return kTo;
+  }
+  TG_ERROR("export: no schema for op ", static_cast<int>(op));
+}
+
+// ---- attributes
+const Attr* find_attr(const Node& n, std::string_view name) {
+  for (const Attr& a : n.attrs)
+    if (a.name == name) return &a;
+  return nullptr;
+}
+namespace {
+const Attr& need_attr(const Node& n, std::string_view name) {
+  const Attr* a = find_attr(n, name);
+  TG_CHECK(a != nullptr, "export: node ", op_name(n.op), " has no attribute '", name, "'");
+  return *a;
+}
+template <typename V>
+const V& attr_as(const Node& n, std::string_view name, const char* type) {
+  const Attr& a = need_attr(n, name);
+  const V* v = std::get_if<V>(&a.value);
+  TG_CHECK(v != nullptr, "export: attribute '", name, "' of node ", op_name(n.op), " is not ", type);
+  return *v;
+}
+}  // namespace
+int64_t attr_int(const Node& n, std::string_view name) { return attr_as<int64_t>(n, name, "an int"); }
+bool attr_bool(const Node& n, std::string_view name) { return attr_as<bool>(n, name, "a bool"); }
+std::vector<int64_t> attr_ints(const Node& n, std::string_view name) {
+  return attr_as<std::vector<int64_t>>(n, name, "an int list");
+}
+DType attr_dtype(const Node& n, std::string_view name) { return attr_as<DType>(n, name, "a dtype"); }
+Scalar attr_scalar(const Node& n, std::string_view name) {
+  const Attr& a = need_attr(n, name);
+  if (const auto* i = std::get_if<int64_t>(&a.value)) return Scalar(static_cast<long long>(*i));
+  if (const auto* d = std::get_if<double>(&a.value)) return Scalar(*d);
+  if (const auto* b = std::get_if<bool>(&a.value)) return Scalar(*b);
+  TG_ERROR("export: attribute '", name, "' of node ", op_name(n.op), " is not a scalar");
+}
+
+// ---- printing
+const char* dtype_short(DType t) {
+  switch (t) {
+    case DType::Float32: return "f32";
+    case DType::Float16: return "f16";
+    case DType::BFloat16: return "bf16";
+    case DType::Float64: return "f64";
+    case DType::Int64: return "i64";
+    case DType::Int32: return "i32";
+    case DType::Bool: return "b8";
+  }
+  return "?";
+}
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) out += ", ";
+    out += s[i] == kBatch && i == 0 ? std::string("batch") : std::to_string(s[i]);
+  }
+  return out + "]";
+}
+
+namespace {
+std::string double_str(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  std::string s = buf;
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+std::string value_str(const detail::TraceValue& v) {
+  struct Visitor {
+    std::string operator()(int64_t i) const { return std::to_string(i); }
+    std::string operator()(double d) const { return double_str(d); }
+    std::string operator()(bool b) const { return b ? "True" : "False"; }
+    std::string operator()(const std::vector<int64_t>& l) const { return Shape(l).str(); }
+    std::string operator()(DType t) const { return dtype_name(t); }
+  };
+  return std::visit(Visitor{}, v);
+}
+// Scalar forms print as the op with the scalar in the operand list: mul(%x, 2.0).
+std::string display_name(OpKind op) {
+  std::string name = op_name(op);
+  const std::string suffix = "_scalar";
+  if (name.size() > suffix.size() && name.ends_with(suffix)) name.resize(name.size() - suffix.size());
+  return name;
+}
+}  // namespace
+
+std::string describe_node(const Program& p, const Node& n) {
+  std::string s = "%" + p.values.at(n.output).name + " = " + display_name(n.op) + "(";
+  bool first = true;
+  for (int id : n.inputs) {
+    s += (first ? "%" : ", %") + p.values.at(id).name;
+    first = false;
+  }
+  for (const Attr& a : n.attrs) {
+    s += first ? "" : ", ";
+    first = false;
+    const bool positional = a.name == "other" || a.name == "exponent";
+    s += positional ? value_str(a.value) : a.name + "=" + value_str(a.value);
+  }
+  return s + ")";
+}
+
+// ---- validation: what load() guarantees before anything runs
+void Program::validate(const char* where) const {
+  const int nv = static_cast<int>(values.size());
+  std::vector<bool> defined(values.size(), false);
+  std::set<std::string> names;
+  for (const Value& v : values) {
+    TG_CHECK(!v.name.empty(), where, ": a value has an empty name");
+    TG_CHECK(names.insert(v.name).second, where, ": value name %", v.name, " is defined twice");
+    for (size_t d = 0; d < v.shape.size(); ++d)
+      TG_CHECK(v.shape[d] >= 0 || (d == 0 && v.shape[d] == kBatch && dynamic_batch), where, ": value %", v.name,
+               " has invalid shape ", shape_str(v.shape));
+  }
+  auto check_id = [&](int id, const char* what) {
+    TG_CHECK(id >= 0 && id < nv, where, ": ", what, " refers to value #", id, " of ", nv);
+  };
+  for (int id : inputs) {
+    check_id(id, "an input");
+    TG_CHECK(values[id].kind == ValueKind::Input, where, ": input %", values[id].name, " is a ",
+             value_kind_name(values[id].kind));
+    TG_CHECK(!defined[id], where, ": input %", values[id].name, " is listed twice");
+    defined[id] = true;
+  }
+  for (int id : constants) {
+    check_id(id, "a constant");
+    const Value& v = values[id];
+    TG_CHECK(v.kind == ValueKind::Parameter || v.kind == ValueKind::Buffer || v.kind == ValueKind::Constant, where,
+             ": constant %", v.name, " is a ", value_kind_name(v.kind));
+    TG_CHECK(!defined[id], where, ": constant %", v.name, " is listed twice");
+    defined[id] = true;
+    auto it = weights.find(v.key);
+    TG_CHECK(it != weights.end(), where, ": the weights have no tensor '", v.key, "' for %", v.name);
+    TG_CHECK(it->second.sizes() == v.shape && it->second.dtype() == v.dtype, where, ": weight '", v.key, "' is ",
+             dtype_name(it->second.dtype()), it->second.sizes(), ", the graph expects ", dtype_name(v.dtype),
+             v.shape);
+  }
+  for (const Node& n : nodes) {
+    check_id(n.output, "a node output");
+    const Value& out = values[n.output];
+    const std::string node = std::string("node %") + out.name + " (" + op_name(n.op) + ")";
+    TG_CHECK(out.kind == ValueKind::Node, where, ": ", node, " writes a ", value_kind_name(out.kind));
+    TG_CHECK(!defined[n.output], where, ": ", node, " redefines %", out.name);
+    const OpSchema& schema = op_schema(n.op);
+    const int ni = static_cast<int>(n.inputs.size());
+    TG_CHECK(schema.num_inputs < 0 ? ni >= 1 : ni == schema.num_inputs, where, ": ", node, " has ", ni,
+             " operands, expected ", schema.num_inputs < 0 ? "at least 1" : std::to_string(schema.num_inputs));
+    for (int id : n.inputs) {
+      check_id(id, node.c_str());
+      TG_CHECK(defined[id], where, ": ", node, " uses %", values[id].name, " before it is defined");
+    }
+    for (const Attr& a : n.attrs) {
+      bool known = false;
+      for (const AttrSpec& s : schema.attrs) known |= a.name == s.name;
+      TG_CHECK(known, where, ": ", node, " has unknown attribute '", a.name, "'");
+    }
+    for (const AttrSpec& s : schema.attrs) {
+      const Attr* a = find_attr(n, s.name);
+      if (!a) {
+        TG_CHECK(s.optional, where, ": ", node, " lacks attribute '", s.name, "'");
+        continue;
+      }
+      bool ok = false;
+      switch (s.type) {
+        case AttrType::Int: ok = std::holds_alternative<int64_t>(a->value); break;
+        case AttrType::Bool: ok = std::holds_alternative<bool>(a->value); break;
+        case AttrType::Ints: ok = std::holds_alternative<std::vector<int64_t>>(a->value); break;
+        case AttrType::DType: ok = std::holds_alternative<DType>(a->value); break;
+        case AttrType::Scalar:
+          ok = std::holds_alternative<int64_t>(a->value) || std::holds_alternative<double>(a->value) ||
+               std::holds_alternative<bool>(a->value);
+          break;
+      }
+      TG_CHECK(ok, where, ": ", node, " attribute '", s.name, "' has the wrong type");
+    }
+    defined[n.output] = true;
+  }
+  TG_CHECK(!outputs.empty(), where, ": the program has no outputs");
+  for (int id : outputs) {
+    check_id(id, "an output");
+    TG_CHECK(defined[id], where, ": output %", values[id].name, " is never defined");
+  }
+}
+
+// ---- execution
+namespace {
+DimList dims_of(const Node& n) { return DimList(attr_ints(n, "dims")); }
+}  // namespace
+
+Tensor execute(const Node& n, const std::vector<Tensor>& in) {
+  auto a = [&]() -> const Tensor& { return in.at(0); };
+  auto b = [&]() -> const Tensor& { return in.at(1); };
+  switch (n.op) {
+    case OpKind::Add: return add(a(), b(), attr_scalar(n, "alpha"));
+    case OpKind::Sub: return sub(a(), b(), attr_scalar(n, "alpha"));
+    case OpKind::Mul: return mul(a(), b());
+    case OpKind::Div: return div(a(), b());
+    case OpKind::Pow: return pow(a(), b());
+    case OpKind::Maximum: return maximum(a(), b());
+    case OpKind::Minimum: return minimum(a(), b());
+    case OpKind::Where: return where(in.at(0), in.at(1), in.at(2));
+    case OpKind::Eq: return eq(a(), b());
+    case OpKind::Ne: return ne(a(), b());
+    case OpKind::Lt: return lt(a(), b());
+    case OpKind::Le: return le(a(), b());
+    case OpKind::Gt: return gt(a(), b());
+    case OpKind::Ge: return ge(a(), b());
+    case OpKind::AddScalar: return add(a(), attr_scalar(n, "other"));
+    case OpKind::SubScalar: return sub(a(), attr_scalar(n, "other"));
+    case OpKind::RSubScalar: return rsub(a(), attr_scalar(n, "other"));
+    case OpKind::MulScalar: return mul(a(), attr_scalar(n, "other"));
+    case OpKind::DivScalar: return div(a(), attr_scalar(n, "other"));
+    case OpKind::RDivScalar: return rdiv(a(), attr_scalar(n, "other"));
+    case OpKind::PowScalar: return pow(a(), attr_scalar(n, "exponent"));
+    case OpKind::EqScalar: return a().eq(attr_scalar(n, "other"));
+    case OpKind::NeScalar: return a().ne(attr_scalar(n, "other"));
+    case OpKind::LtScalar: return a().lt(attr_scalar(n, "other"));
+    case OpKind::LeScalar: return a().le(attr_scalar(n, "other"));
+    case OpKind::GtScalar: return a().gt(attr_scalar(n, "other"));
+    case OpKind::GeScalar: return a().ge(attr_scalar(n, "other"));
+    case OpKind::Clamp: return clamp(a(), attr_scalar(n, "lo"), attr_scalar(n, "hi"));
+    case OpKind::Neg: return neg(a());
+    case OpKind::Exp: return exp(a());
+    case OpKind::Log: return log(a());
+    case OpKind::Sqrt: return sqrt(a());
+    case OpKind::Abs: return abs(a());
+    case OpKind::Relu: return relu(a());
+    case OpKind::Sigmoid: return sigmoid(a());
+    case OpKind::Tanh: return tanh(a());
+    case OpKind::Gelu: return gelu(a());
+    case OpKind::Sum: return sum(a(), dims_of(n), attr_bool(n, "keepdim"));
+    case OpKind::Mean: return mean(a(), dims_of(n), attr_bool(n, "keepdim"));
+    case OpKind::Var: return var(a(), dims_of(n), attr_bool(n, "keepdim"), attr_int(n, "correction"));
+    case OpKind::Std: return std(a(), dims_of(n), attr_bool(n, "keepdim"), attr_int(n, "correction"));
+    case OpKind::Amax: return amax(a(), dims_of(n), attr_bool(n, "keepdim"));
+    case OpKind::Amin: return amin(a(), dims_of(n), attr_bool(n, "keepdim"));
+    case OpKind::Argmax: {
+      std::optional<int64_t> dim;
+      if (find_attr(n, "dim")) dim = attr_int(n, "dim");
+      return argmax(a(), dim, attr_bool(n, "keepdim"));
+    }
+    case OpKind::Matmul: return matmul(a(), b());
+    case OpKind::Transpose: return a().transpose(attr_int(n, "dim0"), attr_int(n, "dim1"));
+    case OpKind::Permute: return a().permute(attr_ints(n, "dims"));
+    case OpKind::View: return a().view(attr_ints(n, "shape"));
+    case OpKind::Reshape: return a().reshape(attr_ints(n, "shape"));
+    case OpKind::Expand: return a().expand(attr_ints(n, "sizes"));
+    case OpKind::Unsqueeze: return a().unsqueeze(attr_int(n, "dim"));
+    case OpKind::Squeeze: return find_attr(n, "dim") ? a().squeeze(attr_int(n, "dim")) : a().squeeze();
+    case OpKind::Slice:
+      return a().slice(attr_int(n, "dim"), attr_int(n, "start"), attr_int(n, "end"), attr_int(n, "step"));
+    case OpKind::Select: return a().select(attr_int(n, "dim"), attr_int(n, "index"));
+    case OpKind::IndexSelect: return a().index_select(attr_int(n, "dim"), b());
+    case OpKind::Cat: return cat(in, attr_int(n, "dim"));
+    case OpKind::To: return a().to(attr_dtype(n, "dtype"));
+    case OpKind::Contiguous: return a().contiguous();
+    case OpKind::Clone: return a().clone();
+    case OpKind::Alias: return a().detach();
+  }
+  TG_ERROR("export: cannot execute op ", static_cast<int>(n.op));
+}
+
+}  // namespace tg::exporting
+
+namespace tg {
+
+using exporting::kBatch;
+using exporting::Program;
+
+const exporting::Program& ExportedProgram::program() const {
+  TG_CHECK(program_ != nullptr, "ExportedProgram: use of an empty program (default-constructed)");
+  return *program_;
+}
+size_t ExportedProgram::num_inputs() const { return program().inputs.size(); }
+size_t ExportedProgram::num_nodes() const { return program().nodes.size(); }
+
+std::string ExportedProgram::graph() const {
+  const Program& p = program();
+  auto decl = [&](int id) {
+    const auto& v = p.values[id];
+    return "%" + v.name + ": " + exporting::dtype_short(v.dtype) + exporting::shape_str(v.shape);
+  };
+  std::ostringstream os;
+  os << "ExportedProgram" << (p.dynamic_batch ? " (dynamic batch)" : "") << ":\n  inputs:\n";
+  for (int id : p.inputs) os << "    " << decl(id) << "\n";
+  bool any_param = false, any_const = false;
+  for (int id : p.constants) {
+    const auto kind = p.values[id].kind;
+    if (kind == exporting::ValueKind::Constant) {
+      any_const = true;
+      continue;
+    }
+    if (!any_param) os << "  parameters:\n";
+    any_param = true;
+    os << "    " << decl(id) << "  # " << exporting::value_kind_name(kind) << " '" << p.values[id].key << "'\n";
+  }
+  if (any_const) {
+    os << "  constants:\n";
+    for (int id : p.constants)
+      if (p.values[id].kind == exporting::ValueKind::Constant) os << "    " << decl(id) << "\n";
+  }
+  os << "  graph:\n";
+  for (const auto& n : p.nodes) {
+    const auto& v = p.values[n.output];
+    os << "    " << exporting::describe_node(p, n) << " -> " << exporting::dtype_short(v.dtype)
+       << exporting::shape_str(v.shape) << "\n";
+  }
+  os << "    return (";
+  for (size_t i = 0; i < p.outputs.size(); ++i) os << (i ? ", %" : "%") << p.values[p.outputs[i]].name;
+  os << ")\n";
+  return os.str();
+}
+
+namespace {
+bool shape_matches(const Shape& recorded, const Shape& actual) {
+  if (recorded.size() != actual.size()) return false;
+  for (size_t d = 0; d < recorded.size(); ++d)
+    if (recorded[d] != actual[d] && !(d == 0 && recorded[d] == kBatch)) return false;
+  return true;
+}
+}  // namespace
+
+std::vector<Tensor> ExportedProgram::run(const std::vector<Tensor>& inputs) const {
+  const Program& p = program();
+  TG_CHECK(inputs.size() == p.inputs.size(), "ExportedProgram.run: expected ", p.inputs.size(), " inputs, got ",
+           inputs.size());
+  Device device;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto& v = p.values[p.inputs[i]];
+    TG_CHECK(inputs[i].defined(), "ExportedProgram.run: input ", i, " (%", v.name, ") is undefined");
+    TG_CHECK(inputs[i].dtype() == v.dtype && shape_matches(v.shape, inputs[i].sizes()), "ExportedProgram.run: input ",
+             i, " (%", v.name, ") is ", dtype_name(inputs[i].dtype()), inputs[i].sizes(), ", the program expects ",
+             dtype_name(v.dtype), exporting::shape_str(v.shape));
+    if (i == 0) device = inputs[i].device();
+    TG_CHECK(inputs[i].device() == device, "ExportedProgram.run: inputs on different devices: ", device, " and ",
+             inputs[i].device());
+  }
+  NoGradGuard no_grad;
+  // The weights on the run's device, copied once.
+  std::vector<Tensor> weights;
+  {
+    std::lock_guard<std::mutex> lock(p.cache_mutex);
+    auto& cached = p.device_weights[device.str()];
+    if (cached.empty() && !p.constants.empty()) {
+      for (int id : p.constants) cached.push_back(p.weights.at(p.values[id].key).to(device));
+    }
+    weights = cached;
+  }
+  std::vector<Tensor> env(p.values.size());
+  for (size_t i = 0; i < inputs.size(); ++i) env[p.inputs[i]] = inputs[i];
+  for (size_t i = 0; i < p.constants.size(); ++i) env[p.constants[i]] = weights[i];
+  std::vector<Tensor> operands;
+  for (const auto& n : p.nodes) {
+    operands.clear();
+    for (int id : n.inputs) operands.push_back(env[id]);
+    Tensor out = exporting::execute(n, operands);
+    const auto& v = p.values[n.output];
+    TG_CHECK(out.dtype() == v.dtype && shape_matches(v.shape, out.sizes()), "ExportedProgram.run: ",
+             exporting::describe_node(p, n), " produced ", dtype_name(out.dtype()), out.sizes(), ", the export recorded ",
+             dtype_name(v.dtype), exporting::shape_str(v.shape),
+             p.dynamic_batch ? " (a size the trace specialized on the example batch?)" : "");
+    env[n.output] = std::move(out);
+  }
+  std::vector<Tensor> result;
+  for (int id : p.outputs) result.push_back(env[id]);
+  return result;
+}
+
+}  // namespace tg

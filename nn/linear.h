@@ -1,0 +1,22 @@
+// tg::nn::Linear: y = x Wᵀ + b with PyTorch's initialisation.
+#pragma once
+#include "nn/module.h"
+
+namespace tg::nn {
+
+class Linear : public Module {
+ public:
+  // weight [out, in] and bias [out] drawn as PyTorch does: kaiming_uniform(a = √5),
+  // i.e. U(±1/√in) for both. Names "weight", "bias" (no bias entry when bias = false).
+  Linear(int64_t in_features, int64_t out_features, bool bias = true, TensorOptions options = {});
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "Linear"; }
+  void reset_parameters();
+
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  Tensor weight;
+  Tensor bias;  // undefined when built without bias
+};
+
+}  // namespace tg::nn

@@ -1,0 +1,128 @@
+// tg::nn::Module: the base of every layer and user model. Holds named
+// parameters, buffers and child modules in registration order, and gives
+// PyTorch's traversal order, device/dtype moves, train/eval, and state dicts.
+//
+// Copies are shallow: a copied module shares its parameter tensors and child
+// modules with the original (like libtorch's ModuleHolder). That is what lets
+// `Sequential(Linear(64, 1))` store a module passed by value.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/ops.h"
+#include "core/tensor.h"
+
+namespace tg::nn {
+
+// An insertion-ordered map name -> Tensor: the order is PyTorch's state_dict
+// order, and it is the order tg::save writes. Iterates as pairs (structured
+// bindings work); lookups by name are O(1). Inserting an existing name replaces
+// its tensor in place (the position is kept).
+class StateDict {
+ public:
+  using value_type = std::pair<std::string, Tensor>;
+  using const_iterator = std::vector<value_type>::const_iterator;
+
+  StateDict() = default;
+  StateDict(std::initializer_list<value_type> items) {
+    for (const auto& [k, v] : items) insert(k, v);
+  }
+
+  void insert(const std::string& name, Tensor t);
+  bool contains(std::string_view name) const { return find(name) != nullptr; }
+  // nullptr when absent.
+  const Tensor* find(std::string_view name) const;
+  const Tensor& at(std::string_view name) const;  // tg::Error when absent
+  const Tensor& operator[](std::string_view name) const { return at(name); }
+  size_t size() const { return items_.size(); }
+  bool empty() const { return items_.empty(); }
+  std::vector<std::string> keys() const;
+  const_iterator begin() const { return items_.begin(); }
+  const_iterator end() const { return items_.end(); }
+
+ private:
+  std::vector<value_type> items_;
+  std::unordered_map<std::string, size_t> index_;
+};
+
+// What a non-strict load_state_dict found (a strict one throws instead).
+struct LoadResult {
+  std::vector<std::string> missing_keys;
+  std::vector<std::string> unexpected_keys;
+};
+
+class Module {
+ public:
+  Module() = default;
+  Module(const Module&) = default;
+  Module(Module&&) = default;
+  Module& operator=(const Module&) = default;
+  Module& operator=(Module&&) = default;
+  virtual ~Module() = default;
+
+  virtual Tensor forward(const Tensor& x) = 0;
+  Tensor operator()(const Tensor& x) { return forward(x); }
+  // For messages and printing; layers return their class name.
+  virtual std::string name() const { return "Module"; }
+
+  // ---- registration: each returns the stored handle (it shares the TensorImpl
+  // the module updates in to() and load_state_dict(), so keep it as a member).
+  Tensor register_parameter(const std::string& name, Tensor t, bool requires_grad = true);
+  Tensor register_buffer(const std::string& name, Tensor t);
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    register_module_impl(name, module);
+    return module;
+  }
+
+  // ---- traversal, PyTorch's order: own entries in registration order, then
+  // each child's (depth first), names joined with ".". Shared tensors appear once.
+  std::vector<Tensor> parameters(bool recurse = true) const;
+  std::vector<std::pair<std::string, Tensor>> named_parameters(bool recurse = true) const;
+  std::vector<Tensor> buffers(bool recurse = true) const;
+  std::vector<std::pair<std::string, Tensor>> named_buffers(bool recurse = true) const;
+  std::vector<std::shared_ptr<Module>> children() const;
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }
+
+  // ---- moves: in place, so every handle to a parameter (an optimizer's, a
+  // member's) sees the new device/dtype. Parameters stay leaves that require
+  // grad; a defined grad is moved along. to(DType) touches floating tensors only.
+  Module& to(Device device);
+  Module& to(DeviceType device) { return to(Device(device)); }
+  Module& to(DType dtype);
+  Module& to(Device device, DType dtype);
+
+  Module& train(bool on = true);
+  Module& eval() { return train(false); }
+  bool is_training() const { return training_; }
+
+  // Sets every parameter's grad to undefined (PyTorch's set_to_none = True).
+  void zero_grad();
+
+  // Parameters then buffers of each module, detached (sharing storage).
+  StateDict state_dict() const;
+  // Copies values (any dtype/device, converted) into the existing tensors under
+  // NoGradGuard. Strict: missing or unexpected keys are an error; a shape
+  // mismatch always is. All problems are listed in one tg::Error.
+  LoadResult load_state_dict(const StateDict& dict, bool strict = true);
+
+ private:
+  void register_module_impl(const std::string& name, std::shared_ptr<Module> module);
+  void check_new_name(const std::string& name, const char* what) const;
+  template <typename F>
+  void visit(const std::string& prefix, F&& f) const;
+  void move_all(std::optional<Device> device, std::optional<DType> dtype);
+
+  std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+}  // namespace tg::nn

@@ -1,0 +1,29 @@
+// Host entry points of the fused multi-tensor CUDA steps (optim/cuda/*.cu), called
+// by the optimizers for each (group, device, dtype) bucket of parameters that have
+// a gradient. Not installed; compiled only with TG_CUDA.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "optim/optimizer.h"
+#include "optim/update_math.h"
+
+namespace tg::optim::cuda {
+
+// Every list has one entry per parameter; all tensors are contiguous, on one CUDA
+// device, of one floating dtype (steps: float32 0-d). grad_scale / found_inf are
+// device pointers to float32 scalars, or null.
+struct SgdLists {
+  std::vector<Tensor> params, grads, momentum_buffers, steps;  // buffers/steps empty without momentum
+};
+void fused_sgd_step(std::unique_ptr<FusedCache>& cache, const SgdLists& lists, const detail::SgdHyper& hyper,
+                    const float* grad_scale, const float* found_inf);
+
+struct AdamLists {
+  std::vector<Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;  // max_*: amsgrad only
+};
+void fused_adam_step(std::unique_ptr<FusedCache>& cache, const AdamLists& lists, const detail::AdamHyper& hyper,
+                     const float* grad_scale, const float* found_inf);
+
+}  // namespace tg::optim::cuda

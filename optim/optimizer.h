@@ -1,0 +1,191 @@
+// The optimizer base: parameter groups with per-group options, per-parameter
+// state, zero_grad, step (optionally with device-side grad_scale / found_inf for
+// AMP) and a flat state_dict. SGD, Adam and AdamW (optim/sgd.h, optim/adam.h)
+// derive from GroupedOptimizer<TheirOptions>.
+#pragma once
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "core/tensor.h"
+
+namespace tg::optim {
+
+// Extra inputs of a step, both optional, both float32 scalars (numel 1) on the
+// parameters' device. Gradients are divided by grad_scale before use; when
+// found_inf != 0 the step does nothing at all (parameters, state and step counts
+// stay bit-identical). On CUDA both are read by the kernels: no host sync.
+struct StepArgs {
+  Tensor grad_scale;
+  Tensor found_inf;
+};
+
+// A flat, ordered checkpoint of an optimizer, every entry a tensor:
+//   "state.<i>.<name>"         per-parameter state of parameter i, numbered over all
+//                              groups in order (PyTorch's numbering): "step" (float32
+//                              0-d), "exp_avg", "momentum_buffer", ...
+//   "param_groups.<g>.<option>" each option of group g: float64 0-d for numbers, bool
+//                              0-d for flags, float64 [2] for betas
+//   "param_groups.<g>.params"  int64 [n]: the indices of the group's parameters
+// state_dict() returns the live state tensors (like PyTorch, not copies), so
+// tg::save them before the next step if a snapshot is wanted.
+using OptimizerStateDict = std::map<std::string, Tensor>;
+
+// The named state tensors of one parameter (a few entries, kept in insertion order).
+class ParamState {
+ public:
+  Tensor* find(std::string_view name);
+  const Tensor* find(std::string_view name) const;
+  Tensor& operator[](std::string_view name);  // inserts an undefined tensor when missing
+  const Tensor& at(std::string_view name) const;  // tg::Error when missing
+  bool empty() const { return entries_.empty(); }
+  auto begin() const { return entries_.begin(); }
+  auto end() const { return entries_.end(); }
+
+ private:
+  std::vector<std::pair<std::string, Tensor>> entries_;
+};
+
+// The device-side caches of a fused step (pointer lists); defined by the CUDA code.
+struct FusedCache {
+  virtual ~FusedCache() = default;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Clears every parameter's gradient: drops it (set_to_none, the default, as
+  // PyTorch) or fills it with zeros.
+  void zero_grad(bool set_to_none = true);
+  void step() { step(StepArgs{}); }
+  // Parameters whose grad() is undefined are skipped, as in PyTorch.
+  virtual void step(const StepArgs& args) = 0;
+
+  virtual size_t num_param_groups() const = 0;
+  virtual const std::vector<Tensor>& params(size_t group) const = 0;
+  std::vector<Tensor> parameters() const;  // every group's, in order
+  // The learning rate of a group, and setters for schedulers.
+  virtual double lr(size_t group = 0) const = 0;
+  virtual void set_lr(size_t group, double lr) = 0;
+  void set_lr(double lr);  // every group
+
+  // The state of one parameter (null before its first step).
+  const ParamState* state(const Tensor& param) const;
+
+  OptimizerStateDict state_dict() const;
+  // Checks the group and parameter counts, restores the options and copies the
+  // state onto each parameter's device (state in the parameter's dtype, step in
+  // float32). Unknown or malformed entries are a tg::Error.
+  void load_state_dict(const OptimizerStateDict& state_dict);
+
+  virtual const char* name() const = 0;
+
+ protected:
+  Optimizer() = default;
+  // Options of a group as named tensors, and back.
+  virtual void save_group_options(size_t group, const std::string& prefix, OptimizerStateDict& out) const = 0;
+  virtual void load_group_options(size_t group, const std::string& prefix, const OptimizerStateDict& in) = 0;
+  // Validates a new group's parameters against every existing group.
+  void check_new_params(const std::vector<Tensor>& params) const;
+
+ public:
+  // Internal, for the step code of the optimizers: the mutable state of a
+  // parameter (created empty on first use) and the fused-kernel cache slot of a
+  // (group, device, dtype) bucket.
+  ParamState& state_of(const Tensor& param) { return state_[param.impl_ptr().get()]; }
+  std::unique_ptr<FusedCache>& fused_cache(size_t group, Device device, DType dtype);
+
+ private:
+  std::unordered_map<const TensorImpl*, ParamState> state_;
+  struct CacheSlot {
+    size_t group;
+    Device device;
+    DType dtype;
+    std::unique_ptr<FusedCache> cache;
+  };
+  std::vector<CacheSlot> caches_;
+};
+
+namespace detail {
+Tensor option_tensor(double v);
+Tensor option_tensor(bool v);
+Tensor option_tensor(const std::pair<double, double>& v);
+void option_value(const Tensor& t, const std::string& key, double& v);
+void option_value(const Tensor& t, const std::string& key, bool& v);
+void option_value(const Tensor& t, const std::string& key, std::pair<double, double>& v);
+}  // namespace detail
+
+// Options of a group; each Options type has `lr` and a visit(f) that calls
+// f(name, member&) for every option (used by state_dict).
+template <class Options>
+struct ParamGroup {
+  std::vector<Tensor> params;
+  Options options;
+};
+
+template <class Options>
+class GroupedOptimizer : public Optimizer {
+ public:
+  using Group = ParamGroup<Options>;
+
+  // A group whose lr is left unset (NaN) takes the defaults' lr.
+  void add_param_group(Group group) {
+    check_new_params(group.params);
+    if (group.options.lr != group.options.lr) group.options.lr = defaults_.lr;
+    this->validate(group.options);
+    groups_.push_back(std::move(group));
+  }
+  std::vector<Group>& param_groups() { return groups_; }
+  const std::vector<Group>& param_groups() const { return groups_; }
+  const Options& defaults() const { return defaults_; }
+
+  size_t num_param_groups() const override { return groups_.size(); }
+  const std::vector<Tensor>& params(size_t group) const override { return checked(group).params; }
+  double lr(size_t group = 0) const override { return checked(group).options.lr; }
+  void set_lr(size_t group, double lr) override { checked(group).options.lr = lr; }
+  using Optimizer::set_lr;
+
+ protected:
+  explicit GroupedOptimizer(Options defaults) : defaults_(defaults) {}
+  virtual void validate(const Options& options) const = 0;
+
+  void save_group_options(size_t group, const std::string& prefix, OptimizerStateDict& out) const override {
+    Options o = groups_[group].options;
+    o.visit([&](const char* name, auto& v) { out[prefix + name] = detail::option_tensor(v); });
+  }
+  void load_group_options(size_t group, const std::string& prefix, const OptimizerStateDict& in) override {
+    Options o = groups_[group].options;
+    o.visit([&](const char* name, auto& v) {
+      auto it = in.find(prefix + name);
+      TG_CHECK(it != in.end(), name_str(), ".load_state_dict: missing entry '", prefix, name, "'");
+      detail::option_value(it->second, prefix + name, v);
+    });
+    validate(o);
+    groups_[group].options = o;
+  }
+
+ private:
+  std::string name_str() const { return name(); }
+  const Group& checked(size_t g) const {
+    TG_CHECK(g < groups_.size(), name(), ": parameter group ", g, " out of range (", groups_.size(), " groups)");
+    return groups_[g];
+  }
+  Group& checked(size_t g) {
+    TG_CHECK(g < groups_.size(), name(), ": parameter group ", g, " out of range (", groups_.size(), " groups)");
+    return groups_[g];
+  }
+  Options defaults_;
+  std::vector<Group> groups_;
+};
+
+
+}  // namespace tg::optim

@@ -1,0 +1,121 @@
+// The per-element update rules of SGD and Adam/AdamW (PyTorch's formulas), shared
+// by the CPU loops and the fused CUDA kernels so that both compute the same thing
+// in the same order. M is the "opmath" type: float for float32/float16/bfloat16
+// parameters, double for float64. Scalars derived from the step count are computed
+// in double and rounded to M once.
+#pragma once
+#include <cmath>
+#include <type_traits>
+
+#include "core/half.h"
+
+namespace tg::optim::detail {
+
+// sqrt in M itself (sqrtf for float) on both host and device, so the CPU and CUDA paths agree.
+template <class M>
+TG_HOST_DEVICE inline M opmath_sqrt(M x) {
+  if constexpr (std::is_same_v<M, float>)
+    return ::sqrtf(x);
+  else
+    return ::sqrt(x);
+}
+
+struct SgdHyper {
+  double lr = 0;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+  bool maximize = false;
+};
+
+struct AdamHyper {
+  double lr = 0;
+  double beta1 = 0;
+  double beta2 = 0;
+  double eps = 0;
+  double weight_decay = 0;
+  bool amsgrad = false;
+  bool maximize = false;
+  bool decoupled = false;  // AdamW
+};
+
+template <class M>
+struct SgdCoeffs {
+  M neg_lr, momentum, one_minus_dampening, weight_decay;
+  bool nesterov, maximize, use_momentum, first_step;
+};
+
+template <class M>
+TG_HOST_DEVICE inline SgdCoeffs<M> sgd_coeffs(const SgdHyper& h, float step) {
+  return SgdCoeffs<M>{static_cast<M>(-h.lr),
+                      static_cast<M>(h.momentum),
+                      static_cast<M>(1.0 - h.dampening),
+                      static_cast<M>(h.weight_decay),
+                      h.nesterov,
+                      h.maximize,
+                      h.momentum != 0,
+                      step <= 1.0f};
+}
+
+// g: the gradient already divided by grad_scale. buf is ignored without momentum.
+template <class M>
+TG_HOST_DEVICE inline void sgd_update(M& p, M g, M& buf, const SgdCoeffs<M>& c) {
+  if (c.maximize) g = -g;
+  if (c.weight_decay != M(0)) g = g + c.weight_decay * p;
+  if (c.use_momentum) {
+    buf = c.first_step ? g : c.momentum * buf + c.one_minus_dampening * g;
+    g = c.nesterov ? g + c.momentum * buf : buf;
+  }
+  p = p + c.neg_lr * g;
+}
+
+template <class M>
+struct AdamCoeffs {
+  M lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, decay_factor, neg_step_size,
+      bias_correction2_sqrt;
+  bool amsgrad, maximize, decoupled;
+};
+
+template <class M>
+TG_HOST_DEVICE inline AdamCoeffs<M> adam_coeffs(const AdamHyper& h, float step) {
+  double s = static_cast<double>(step);
+  double bc1 = 1.0 - ::pow(h.beta1, s);
+  double bc2 = 1.0 - ::pow(h.beta2, s);
+  return AdamCoeffs<M>{static_cast<M>(h.lr),
+                       static_cast<M>(h.beta1),
+                       static_cast<M>(1.0 - h.beta1),
+                       static_cast<M>(h.beta2),
+                       static_cast<M>(1.0 - h.beta2),
+                       static_cast<M>(h.eps),
+                       static_cast<M>(h.weight_decay),
+                       static_cast<M>(1.0 - h.lr * h.weight_decay),
+                       static_cast<M>(-(h.lr / bc1)),
+                       static_cast<M>(::sqrt(bc2)),
+                       h.amsgrad,
+                       h.maximize,
+                       h.decoupled};
+}
+
+// g: the gradient already divided by grad_scale. vmax is used only with amsgrad.
+template <class M>
+TG_HOST_DEVICE inline void adam_update(M& p, M g, M& m, M& v, M& vmax, const AdamCoeffs<M>& c) {
+  if (c.maximize) g = -g;
+  if (c.weight_decay != M(0)) {
+    if (c.decoupled)
+      p = p * c.decay_factor;  // AdamW: param.mul_(1 - lr * weight_decay)
+    else
+      g = g + c.weight_decay * p;
+  }
+  m = m + c.one_minus_beta1 * (g - m);  // exp_avg.lerp_(grad, 1 - beta1)
+  v = c.beta2 * v + c.one_minus_beta2 * g * g;
+  M second = v;
+  if (c.amsgrad) {
+    if (v > vmax || v != v) vmax = v;  // torch.maximum propagates NaN
+    second = vmax;
+  }
+  M denom = opmath_sqrt(second) / c.bias_correction2_sqrt + c.eps;
+  p = p + c.neg_step_size * (m / denom);
+}
+
+}  // namespace tg::optim::detail
