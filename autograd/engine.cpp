@@ -91,14 +91,27 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
   }
 
   // ---- the reverse pass
-  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  // Gradients for one input of a node are summed lazily: small CUDA gradients wait in a list and
+  // are added in one fused launch (native::add_n) when the node runs or the list is full, since on
+  // a GPU a launch per contribution costs far more than the arithmetic. Large ones add at once.
+  struct Slot {
+    std::vector<Tensor> parts;
+    Tensor collapse() {
+      if (parts.size() > 1) parts = {native::add_n(parts)};
+      return parts.empty() ? Tensor() : parts[0];
+    }
+  };
+  constexpr int64_t kLazyMaxNumel = 1 << 16;
+  std::unordered_map<Node*, std::vector<Slot>> buffers;
   auto deliver = [&](const Edge& e, Tensor g) {
     Node* n = e.fn.get();
     g = conform(std::move(g), n->input_meta.at(e.input_nr));
     auto& buf = buffers[n];
     if (buf.empty()) buf.resize(n->input_meta.size());
-    Tensor& slot = buf[e.input_nr];
-    slot = slot.defined() ? native::add(slot, g) : std::move(g);
+    Slot& slot = buf[e.input_nr];
+    const bool lazy = g.is_cuda() && g.numel() <= kLazyMaxNumel && is_floating(g.dtype());
+    slot.parts.push_back(std::move(g));
+    if (slot.parts.size() >= static_cast<size_t>(lazy ? backend::kMaxAddN : 2)) slot.collapse();
   };
   for (auto& [e, g] : starts) deliver(e, std::move(g));
 
@@ -115,7 +128,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
     ready.pop_back();
     std::vector<Tensor> buf;
     if (auto it = buffers.find(node.get()); it != buffers.end()) {
-      buf = std::move(it->second);
+      for (Slot& slot : it->second) buf.push_back(slot.collapse());
       buffers.erase(it);
     }
     buf.resize(node->input_meta.size());

@@ -82,7 +82,7 @@ void bench_ewk(const Options& o) {
   double ms_k = event_ms(o, [&] { c = mul(a, b); });
   double ms_b = event_ms(o, [&] { c = a * b; });
   emit("ewk_mul_10M_f64", bytes / (ms_k * 1e-3) / 1e9, "GB/s", ms_k,
-       tg::detail::str_cat("\"baseline\": ", bytes / (ms_b * 1e-3) / 1e9, ", \"baseline_label\": \"tg built-in\"",
+       tg::detail::str_cat("\"baseline\": ", bytes / (ms_b * 1e-3) / 1e9, ", \"baseline_name\": \"tg built-in\"",
                            ", \"baseline_ms\": ", ms_b));
 }
 

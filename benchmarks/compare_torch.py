@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Side-by-side timings: tapegrad's benchmark programs against the same workloads in PyTorch.
 
-Runs tg_bench_gpu, tg_bench_cpu and tg_bench_interop (from --bench-dir) or reads their JSON lines from files
+Runs tg_bench_gpu, tg_bench_cpu, tg_bench_interop and tg_bench_amp (from --bench-dir) or reads their JSON lines from files
 (--tg-json), times PyTorch with the same method (warm-up discarded, median of >= 10 repeats,
 torch.cuda.Event for device work, host clock + synchronize for host-side workloads), and
 prints a table LAST: workload | tapegrad | PyTorch | ratio | target.
@@ -36,6 +36,14 @@ WORKLOADS = [
     ("ewk_mul_10M_f64", "ElementwiseKernel mul 10M f64 (vs built-in)", "higher", ("ratio", ">=", 0.95)),
     ("vectorize_mul_10M_host", "vectorize mul 10M f64, host arrays", "lower", ("ratio", "<=", 0.2, " (5x faster)")),
     ("rtc_disk_cache_ms", "RawKernel from disk cache, new process", "lower", ("abs", "<=", 5.0)),
+    # Mixed precision (#5), from tg_bench_amp: the seed's AMP loop, Linear(4096, 4096) + SGD + GradScaler,
+    # against PyTorch eager with torch.autocast + torch.amp.GradScaler. amp_fp16_vs_fp32's baseline is our
+    # own float32 loop (fp16 must be faster); the peak row compares torch.cuda.max_memory_allocated.
+    ("amp_train_fp16", "AMP train step fp16 (Linear 4096)", "lower", ("abs", "<=", 200.0)),
+    ("amp_train_bf16", "AMP train step bf16 (Linear 4096)", "lower", None),
+    ("amp_train_fp32", "train step fp32, no AMP (Linear 4096)", "lower", None),
+    ("amp_fp16_vs_fp32", "AMP fp16 step vs our fp32 step", "lower", ("ratio", "<=", 1.0)),
+    ("amp_train_fp16_peak_mib", "AMP fp16 peak GPU memory", "lower", ("ratio", "<=", 1.0)),
 ]
 
 
@@ -133,6 +141,32 @@ def torch_timings(warmup, reps, only):
         b = torch.rand(10_000_000, dtype=torch.float64)
         out["vectorize_mul_10M_host"] = (wall_ms(lambda: (a.cuda() * b.cuda()).cpu()), "ms")
         del a, b
+    # The seed's AMP loop (tg_bench_amp): 100 steps per repeat, us/step; peak memory of the fp16 run.
+    for name, dt in [("amp_train_fp16", torch.float16), ("amp_train_bf16", torch.bfloat16), ("amp_train_fp32", None)]:
+        if not (wants(name) or (name == "amp_train_fp16" and wants("amp_train_fp16_peak_mib"))):
+            continue
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4096, 4096).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler("cuda", enabled=dt is not None)
+
+        def hundred_steps():
+            for _ in range(100):
+                inp = torch.randn(256, 4096, device="cuda")
+                opt.zero_grad()
+                with torch.autocast("cuda", dtype=dt or torch.float16, enabled=dt is not None):
+                    loss = model(inp).pow(2).mean()
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+
+        out[name] = (event_ms(hundred_steps) * 1e3 / 100, "us/step")
+        if name == "amp_train_fp16":
+            out["amp_train_fp16_peak_mib"] = (torch.cuda.max_memory_allocated() / 2**20, "MiB")
+        del model, opt, scaler
     torch.cuda.empty_cache()
     return out
 
@@ -140,7 +174,7 @@ def torch_timings(warmup, reps, only):
 def run_tg_programs(bench_dir, reps, only):
     """Runs the C++ benchmark programs; returns (parsed JSON records, failed program names)."""
     records, failed = [], []
-    for prog in ("tg_bench_gpu", "tg_bench_cpu", "tg_bench_interop"):
+    for prog in ("tg_bench_gpu", "tg_bench_cpu", "tg_bench_interop", "tg_bench_amp"):
         path = os.path.join(bench_dir, prog)
         if not os.path.exists(path):
             print(f"compare_torch: {path} not found (build with -DTG_BUILD_BENCHMARKS=ON)", file=sys.stderr)
@@ -181,7 +215,7 @@ def table(tg, base):
         rec = tg.get(key)
         tv, unit = (rec["value"], rec["unit"]) if rec else (None, "")
         if rec and "baseline" in rec:  # a baseline the program measured itself (Eigen, tg's built-in op)
-            bv, bunit = rec["baseline"], rec["unit"] + f" ({rec.get('baseline_label', 'Eigen')})"
+            bv, bunit = rec["baseline"], rec["unit"] + f" ({rec.get('baseline_name', 'Eigen')})"
         else:
             bv, bunit = base.get(key, (None, unit))
         ratio = tv / bv if tv is not None and bv else None

@@ -8,12 +8,14 @@
 //
 // Compiled code is cached in memory and on disk under $XDG_CACHE_HOME/tapegrad
 // (default ~/.cache/tapegrad), keyed by source, options, kernel name, NVRTC
-// version and GPU architecture. Built without CUDA, constructing either kernel
-// throws tg::Error.
+// version and GPU architecture (TG_RTC_NO_DISK_CACHE=1 turns the disk cache
+// off; $CUDA_PATH/include is searched first for the headers kernels include).
+// Built without CUDA, constructing either kernel throws tg::Error.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <concepts>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -92,20 +94,24 @@ class RawKernel {
   // scalars (by value with their C++ type: pass 1.0f for a float parameter,
   // int64_t{n} for a long long). The argument count and sizes are checked
   // against the kernel's parameters when the driver can report them.
-  template <typename... Args>
-  void launch(Dim3 grid, Dim3 block, size_t shared_mem, const Args&... args) const {
+  // An integer right after `block` is the dynamic shared memory in bytes.
+  template <std::integral SharedMem, typename... Args>
+  void launch(Dim3 grid, Dim3 block, SharedMem shared_mem, const Args&... args) const {
+    if constexpr (std::is_signed_v<SharedMem>)
+      TG_CHECK(shared_mem >= 0, "RawKernel::launch: negative shared memory size ", shared_mem);
     std::vector<detail::KernelArg> packed;
     packed.reserve(sizeof...(Args));
     (packed.push_back(detail::make_kernel_arg(args)), ...);
-    launch_args(grid, block, shared_mem, packed);
+    launch_args(grid, block, static_cast<size_t>(shared_mem), packed);
   }
-  // Without dynamic shared memory; the first kernel argument must not be a
-  // number (it would read as shared_mem): then use the overload above with 0.
+  // Without dynamic shared memory. When the kernel's first argument is an
+  // integer, pass shared_mem (0) explicitly, or it would be read as one.
   template <typename First, typename... Rest>
-    requires(!std::is_arithmetic_v<std::decay_t<First>>)
+    requires(!std::integral<std::decay_t<First>>)
   void launch(Dim3 grid, Dim3 block, const First& first, const Rest&... rest) const {
     launch(grid, block, size_t{0}, first, rest...);
   }
+  void launch(Dim3 grid, Dim3 block) const { launch_args(grid, block, 0, {}); }
   void launch_args(Dim3 grid, Dim3 block, size_t shared_mem, const std::vector<detail::KernelArg>& args) const;
 
   const std::string& name() const { return name_; }

@@ -45,6 +45,9 @@ inline Tensor mul(const Tensor& a, const Tensor& b) { return binary(backend::Ele
 inline Tensor div(const Tensor& a, const Tensor& b) { return binary(backend::ElemOp::Div, a, b); }
 inline Tensor mul(const Tensor& a, Scalar s) { return scalar_op(backend::ElemOp::MulScalar, a, s); }
 inline Tensor add(const Tensor& a, Scalar s) { return scalar_op(backend::ElemOp::AddScalar, a, s); }
+// The sum of several tensors of one shape, dtype and device in as few launches as possible
+// (autograd's gradient accumulation: one kernel per kMaxAddN inputs instead of one per input).
+Tensor add_n(const std::vector<Tensor>& ts);
 
 // ---- reductions (dims wrapped by the callee; empty = all)
 Tensor reduce(backend::ReduceOp op, const Tensor& a, const DimList& dims, bool keepdim, int64_t correction = 1);

@@ -67,7 +67,8 @@ class DataLoader {
 
    private:
     friend class DataLoader;
-    Iterator(const DataLoader* loader, Tensor perm, int64_t batch) : loader_(loader), perm_(std::move(perm)), batch_(batch) {}
+    Iterator(const DataLoader* loader, Tensor perm, int64_t batch)
+        : loader_(loader), perm_(std::move(perm)), batch_(batch) {}
     const DataLoader* loader_ = nullptr;
     Tensor perm_;  // undefined when not shuffling
     int64_t batch_ = 0;

@@ -20,8 +20,9 @@ class TensorDataset {
 
  public:
   template <typename... Ts>
-    requires(sizeof...(Ts) == N && (std::convertible_to<const Ts&, Tensor> && ...))
-  explicit TensorDataset(const Ts&... tensors) : tensors_{Tensor(tensors)...} {
+  requires(sizeof...(Ts) == N &&
+           (std::convertible_to<const Ts&, Tensor> && ...)) explicit TensorDataset(const Ts&... tensors)
+      : tensors_{Tensor(tensors)...} {
     detail::check_dataset(tensors_.data(), N);
   }
   explicit TensorDataset(std::array<Tensor, N> tensors) : tensors_(std::move(tensors)) {

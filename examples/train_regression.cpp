@@ -53,17 +53,28 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(("missing value for " + k).c_str());
       return argv[++i];
     };
-    if (k == "--cpu") a.cpu = true;
-    else if (k == "--planted") a.planted = true;
-    else if (k == "--rows") a.rows = std::stoll(value());
-    else if (k == "--epochs") a.epochs = std::stoll(value());
-    else if (k == "--batch") a.batch = std::stoll(value());
-    else if (k == "--lr") a.lr = std::stod(value());
-    else if (k == "--out") a.out = value();
-    else if (k == "--init") a.init = value();
-    else if (k == "--data") a.data = value();
-    else if (k == "--order") a.order = value();
-    else usage(("unknown flag " + k).c_str());
+    if (k == "--cpu")
+      a.cpu = true;
+    else if (k == "--planted")
+      a.planted = true;
+    else if (k == "--rows")
+      a.rows = std::stoll(value());
+    else if (k == "--epochs")
+      a.epochs = std::stoll(value());
+    else if (k == "--batch")
+      a.batch = std::stoll(value());
+    else if (k == "--lr")
+      a.lr = std::stod(value());
+    else if (k == "--out")
+      a.out = value();
+    else if (k == "--init")
+      a.init = value();
+    else if (k == "--data")
+      a.data = value();
+    else if (k == "--order")
+      a.order = value();
+    else
+      usage(("unknown flag " + k).c_str());
   }
   if (a.rows <= 0 || a.epochs < 0 || a.batch <= 0) usage("--rows and --batch must be positive, --epochs >= 0");
   return a;

@@ -67,8 +67,8 @@ const Tensor& ones_(const Tensor& t) { return constant_(t, 1); }
 
 const Tensor& kaiming_uniform_(const Tensor& t, double a, std::string_view mode, std::string_view nonlinearity) {
   check_floating(t, "kaiming_uniform_");
-  TG_CHECK(mode == "fan_in" || mode == "fan_out", "nn::init::kaiming_uniform_: mode must be 'fan_in' or 'fan_out', got '",
-           mode, "'");
+  TG_CHECK(mode == "fan_in" || mode == "fan_out",
+           "nn::init::kaiming_uniform_: mode must be 'fan_in' or 'fan_out', got '", mode, "'");
   auto [fan_in, fan_out] = calculate_fan_in_and_fan_out(t);
   const int64_t fan = mode == "fan_in" ? fan_in : fan_out;
   if (fan == 0) return t;  // PyTorch warns and leaves an empty tensor alone

@@ -7,8 +7,7 @@
 
 namespace tg::nn {
 
-Linear::Linear(int64_t in, int64_t out, bool with_bias, TensorOptions options)
-    : in_features(in), out_features(out) {
+Linear::Linear(int64_t in, int64_t out, bool with_bias, TensorOptions options) : in_features(in), out_features(out) {
   TG_CHECK(in >= 0 && out >= 0, "Linear: in_features and out_features must be non-negative, got ", in, " and ", out);
   TG_CHECK(is_floating(options.dtype()), "Linear: parameters must be floating point, got ", options.dtype());
   const TensorOptions opts = TensorOptions().dtype(options.dtype()).device(options.device());

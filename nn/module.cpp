@@ -52,7 +52,6 @@ void Module::check_new_name(const std::string& name, const char* what) const {
            "' is already registered");
 }
 
-
 Tensor Module::register_parameter(const std::string& name, Tensor t, bool requires_grad) {
   check_new_name(name, "register_parameter");
   TG_CHECK(t.defined(), this->name(), ".register_parameter('", name, "'): the tensor is undefined");
@@ -104,7 +103,8 @@ void collect(const Module& m, const std::string& prefix, bool recurse, Get get,
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurse) const {
   std::vector<std::pair<std::string, Tensor>> out;
   std::unordered_set<const TensorImpl*> seen;
-  collect(*this, "", recurse, [](const Module& m) -> const auto& { return m.params_; }, seen, out);
+  collect(
+      *this, "", recurse, [](const Module& m) -> const auto& { return m.params_; }, seen, out);
   return out;
 }
 
@@ -117,7 +117,8 @@ std::vector<Tensor> Module::parameters(bool recurse) const {
 std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) const {
   std::vector<std::pair<std::string, Tensor>> out;
   std::unordered_set<const TensorImpl*> seen;
-  collect(*this, "", recurse, [](const Module& m) -> const auto& { return m.buffers_; }, seen, out);
+  collect(
+      *this, "", recurse, [](const Module& m) -> const auto& { return m.buffers_; }, seen, out);
   return out;
 }
 
@@ -214,8 +215,8 @@ LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
     if (src == nullptr) {
       result.missing_keys.push_back(name);
     } else if (!src->defined() || src->sizes() != t.sizes()) {
-      mismatched.push_back(detail::str_cat(name, ": checkpoint ", src->defined() ? src->sizes() : Shape{},
-                                           " vs model ", t.sizes()));
+      mismatched.push_back(
+          detail::str_cat(name, ": checkpoint ", src->defined() ? src->sizes() : Shape{}, " vs model ", t.sizes()));
     }
   }
   for (const auto& [name, t] : dict)

@@ -9,8 +9,10 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <ranges>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -31,6 +33,15 @@ class StateDict {
 
   StateDict() = default;
   StateDict(std::initializer_list<value_type> items) {
+    for (const auto& [k, v] : items) insert(k, v);
+  }
+  // From any range of (name, Tensor) pairs: named_parameters(), an optimizer's
+  // std::map state_dict(), ... (implicit, so they pass straight to tg::save).
+  template <std::ranges::input_range R>
+  requires(!std::same_as<std::remove_cvref_t<R>, StateDict> &&
+           std::convertible_to<std::tuple_element_t<0, std::ranges::range_value_t<R>>, std::string> &&
+           std::convertible_to<std::tuple_element_t<1, std::ranges::range_value_t<R>>, Tensor>)
+      StateDict(const R& items) {  // NOLINT(google-explicit-constructor)
     for (const auto& [k, v] : items) insert(k, v);
   }
 

@@ -26,8 +26,8 @@ class Sequential : public Module {
  public:
   Sequential() = default;
   template <detail::ModuleArg... Ms>
-    requires(sizeof...(Ms) > 0 && !(sizeof...(Ms) == 1 && (std::is_same_v<std::decay_t<Ms>, Sequential> && ...)))
-  explicit Sequential(Ms&&... modules) {
+  requires(sizeof...(Ms) > 0 && !(sizeof...(Ms) == 1 && (std::is_same_v<std::decay_t<Ms>, Sequential> &&
+                                                         ...))) explicit Sequential(Ms&&... modules) {
     (push_back(std::forward<Ms>(modules)), ...);
   }
 

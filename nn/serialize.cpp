@@ -28,7 +28,8 @@ constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;  // as the reference 
 const char* st_name(DType t) {
   switch (t) {
 #define TG_ST_NAME(T, name, st) \
-  case DType::name: return st;
+  case DType::name:             \
+    return st;
     TG_FORALL_DTYPES(TG_ST_NAME)
 #undef TG_ST_NAME
   }
@@ -100,12 +101,12 @@ struct Entry {
 struct Header {
   std::vector<Entry> entries;  // sorted by data offset
   SafetensorsMetadata metadata;
-  uint64_t data_start = 0;     // 8 + header length
+  uint64_t data_start = 0;  // 8 + header length
 };
 
 uint64_t as_u64(const nlohmann::json& v, const std::string& path, const std::string& name, const char* field) {
-  TG_CHECK(v.is_number_integer(), "tg::load('", path, "'): tensor '", name, "': ", field,
-           " must hold integers, got ", v.dump());
+  TG_CHECK(v.is_number_integer(), "tg::load('", path, "'): tensor '", name, "': ", field, " must hold integers, got ",
+           v.dump());
   TG_CHECK(v.is_number_unsigned(), "tg::load('", path, "'): tensor '", name, "': ", field,
            " must be non-negative, got ", v.dump());
   return v.get<uint64_t>();
@@ -150,7 +151,8 @@ Header read_header(int fd, const std::string& path) {
       }
       continue;
     }
-    TG_CHECK(v.is_object(), "tg::load('", path, "'): tensor '", name, "': entry must be an object, got ", v.type_name());
+    TG_CHECK(v.is_object(), "tg::load('", path, "'): tensor '", name, "': entry must be an object, got ",
+             v.type_name());
     auto field = [&](const char* key) -> const nlohmann::json& {
       auto it = v.find(key);
       TG_CHECK(it != v.end(), "tg::load('", path, "'): tensor '", name, "': missing '", key, "'");

@@ -4,6 +4,7 @@
 // derive from GroupedOptimizer<TheirOptions>.
 #pragma once
 #include <cstddef>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -37,7 +38,8 @@ struct StepArgs {
 // tg::save them before the next step if a snapshot is wanted.
 using OptimizerStateDict = std::map<std::string, Tensor>;
 
-// The named state tensors of one parameter (a few entries, kept in insertion order).
+// The named state tensors of one parameter (a few entries, kept in insertion order;
+// references stay valid when entries are added).
 class ParamState {
  public:
   Tensor* find(std::string_view name);
@@ -49,7 +51,7 @@ class ParamState {
   auto end() const { return entries_.end(); }
 
  private:
-  std::vector<std::pair<std::string, Tensor>> entries_;
+  std::deque<std::pair<std::string, Tensor>> entries_;
 };
 
 // The device-side caches of a fused step (pointer lists); defined by the CUDA code.

@@ -3,6 +3,7 @@
 // shape and dtype (autograd/engine.cpp, conform), so no op does it itself.
 #include <vector>
 
+#include "amp/hook.h"
 #include "autograd/function.h"
 #include "core/trace.h"
 
@@ -26,6 +27,7 @@ Tensor mask_grad(const Tensor& mask, const Tensor& g) { return native::where(mas
 
 // ---- add / sub
 Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
+  TG_AUTOCAST(Add, tg::add(a, b, alpha), a, b);
   Tensor out = native::binary(ElemOp::Add, a, b, alpha.to_double());
   TG_TRACE(Add, out, {a, b}, {{"alpha", detail::trace_scalar(alpha)}});
   if (!should_record(a, b)) return out;
@@ -38,6 +40,7 @@ Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
+  TG_AUTOCAST(Sub, tg::sub(a, b, alpha), a, b);
   Tensor out = native::binary(ElemOp::Sub, a, b, alpha.to_double());
   TG_TRACE(Sub, out, {a, b}, {{"alpha", detail::trace_scalar(alpha)}});
   if (!should_record(a, b)) return out;
@@ -51,6 +54,7 @@ Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
 
 // ---- mul / div
 Tensor mul(const Tensor& a, const Tensor& b) {
+  TG_AUTOCAST(Mul, tg::mul(a, b), a, b);
   Tensor out = native::mul(a, b);
   TG_TRACE(Mul, out, {a, b}, {});
   if (!should_record(a, b)) return out;
@@ -64,6 +68,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
+  TG_AUTOCAST(Div, tg::div(a, b), a, b);
   Tensor out = native::div(a, b);
   TG_TRACE(Div, out, {a, b}, {});
   if (!should_record(a, b)) return out;
@@ -141,6 +146,7 @@ Tensor neg(const Tensor& a) {
 }
 
 Tensor exp(const Tensor& a) {
+  TG_AUTOCAST(Exp, tg::exp(a), a);
   Tensor out = native::unary(ElemOp::Exp, a);
   TG_TRACE(Exp, out, {a}, {});
   if (!should_record(a)) return out;
@@ -150,6 +156,7 @@ Tensor exp(const Tensor& a) {
 }
 
 Tensor log(const Tensor& a) {
+  TG_AUTOCAST(Log, tg::log(a), a);
   Tensor out = native::unary(ElemOp::Log, a);
   TG_TRACE(Log, out, {a}, {});
   if (!should_record(a)) return out;
@@ -159,6 +166,7 @@ Tensor log(const Tensor& a) {
 }
 
 Tensor sqrt(const Tensor& a) {
+  TG_AUTOCAST(Sqrt, tg::sqrt(a), a);
   Tensor out = native::unary(ElemOp::Sqrt, a);
   TG_TRACE(Sqrt, out, {a}, {});
   if (!should_record(a)) return out;
@@ -219,6 +227,7 @@ Tensor gelu(const Tensor& a) {
 }
 
 Tensor pow(const Tensor& a, Scalar exponent) {
+  TG_AUTOCAST(PowScalar, tg::pow(a, exponent), a);
   const double e = exponent.to_double();
   Tensor out = native::unary(ElemOp::PowScalar, a, e);
   TG_TRACE(PowScalar, out, {a}, {{"exponent", detail::trace_scalar(exponent)}});
@@ -230,6 +239,7 @@ Tensor pow(const Tensor& a, Scalar exponent) {
 }
 
 Tensor pow(const Tensor& a, const Tensor& exponent) {
+  TG_AUTOCAST(Pow, tg::pow(a, exponent), a, exponent);
   Tensor out = native::binary(ElemOp::Pow, a, exponent);
   TG_TRACE(Pow, out, {a, exponent}, {});
   if (!should_record(a, exponent)) return out;
@@ -279,10 +289,15 @@ Tensor extremum(const char* name, OpKind kind, ElemOp op, ElemOp wins, const Ten
 }
 }  // namespace
 
-Tensor maximum(const Tensor& a, const Tensor& b) { return extremum("maximum", OpKind::Maximum, ElemOp::Maximum, ElemOp::Gt, a, b); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return extremum("minimum", OpKind::Minimum, ElemOp::Minimum, ElemOp::Lt, a, b); }
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  TG_AUTOCAST(Maximum, tg::maximum(a, b), a, b);
+  return extremum("maximum", OpKind::Maximum, ElemOp::Maximum, ElemOp::Gt, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  TG_AUTOCAST(Minimum, tg::minimum(a, b), a, b);
+  return extremum("minimum", OpKind::Minimum, ElemOp::Minimum, ElemOp::Lt, a, b); }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  TG_AUTOCAST(Where, tg::where(cond, a, b), cond, a, b);
   Tensor out = native::where(cond, a, b);
   TG_TRACE(Where, out, {cond, a, b}, {});
   if (!should_record(a, b)) return out;
@@ -303,11 +318,23 @@ Tensor compare(OpKind kind, ElemOp op, const Tensor& a, const Tensor& b) {
   return out;
 }
 }  // namespace
-Tensor eq(const Tensor& a, const Tensor& b) { return compare(OpKind::Eq, ElemOp::Eq, a, b); }
-Tensor ne(const Tensor& a, const Tensor& b) { return compare(OpKind::Ne, ElemOp::Ne, a, b); }
-Tensor lt(const Tensor& a, const Tensor& b) { return compare(OpKind::Lt, ElemOp::Lt, a, b); }
-Tensor le(const Tensor& a, const Tensor& b) { return compare(OpKind::Le, ElemOp::Le, a, b); }
-Tensor gt(const Tensor& a, const Tensor& b) { return compare(OpKind::Gt, ElemOp::Gt, a, b); }
-Tensor ge(const Tensor& a, const Tensor& b) { return compare(OpKind::Ge, ElemOp::Ge, a, b); }
+Tensor eq(const Tensor& a, const Tensor& b) {
+  TG_AUTOCAST(Eq, tg::eq(a, b), a, b);
+  return compare(OpKind::Eq, ElemOp::Eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) {
+  TG_AUTOCAST(Ne, tg::ne(a, b), a, b);
+  return compare(OpKind::Ne, ElemOp::Ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) {
+  TG_AUTOCAST(Lt, tg::lt(a, b), a, b);
+  return compare(OpKind::Lt, ElemOp::Lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) {
+  TG_AUTOCAST(Le, tg::le(a, b), a, b);
+  return compare(OpKind::Le, ElemOp::Le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) {
+  TG_AUTOCAST(Gt, tg::gt(a, b), a, b);
+  return compare(OpKind::Gt, ElemOp::Gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) {
+  TG_AUTOCAST(Ge, tg::ge(a, b), a, b);
+  return compare(OpKind::Ge, ElemOp::Ge, a, b); }
 
 }  // namespace tg

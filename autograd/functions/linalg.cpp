@@ -3,6 +3,7 @@
 // dims are reduced by the engine's central sum_to.
 #include <vector>
 
+#include "amp/hook.h"
 #include "autograd/function.h"
 #include "core/trace.h"
 
@@ -19,6 +20,7 @@ Tensor mT(const Tensor& t) { return native::transpose(t, t.dim() - 2, t.dim() - 
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  TG_AUTOCAST(Matmul, tg::matmul(a, b), a, b);
   Tensor out = native::matmul(a, b);
   TG_TRACE(Matmul, out, {a, b}, {});
   if (!should_record(a, b)) return out;

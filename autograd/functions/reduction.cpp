@@ -3,6 +3,7 @@
 // broadcasts against the input again.
 #include <vector>
 
+#include "amp/hook.h"
 #include "autograd/function.h"
 #include "core/trace.h"
 
@@ -37,6 +38,7 @@ int64_t reduced_count(const Shape& shape, const std::vector<int64_t>& dims) {
 }  // namespace
 
 Tensor sum(const Tensor& a, DimList dims, bool keepdim) {
+  TG_AUTOCAST(Sum, tg::sum(a, dims, keepdim), a);
   Tensor out = native::reduce(ReduceOp::Sum, a, dims, keepdim);
   TG_TRACE(Sum, out, {a}, {{"dims", dims.dims()}, {"keepdim", keepdim}});
   if (!should_record(a)) return out;
@@ -48,6 +50,7 @@ Tensor sum(const Tensor& a, DimList dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& a, DimList dims, bool keepdim) {
+  TG_AUTOCAST(Mean, tg::mean(a, dims, keepdim), a);
   Tensor out = native::reduce(ReduceOp::Mean, a, dims, keepdim);
   TG_TRACE(Mean, out, {a}, {{"dims", dims.dims()}, {"keepdim", keepdim}});
   if (!should_record(a)) return out;
@@ -61,6 +64,7 @@ Tensor mean(const Tensor& a, DimList dims, bool keepdim) {
 }
 
 Tensor var(const Tensor& a, DimList dims, bool keepdim, int64_t correction) {
+  TG_AUTOCAST(Var, tg::var(a, dims, keepdim, correction), a);
   Tensor out = native::reduce(ReduceOp::Var, a, dims, keepdim, correction);
   TG_TRACE(Var, out, {a}, {{"dims", dims.dims()}, {"keepdim", keepdim}, {"correction", correction}});
   if (!should_record(a)) return out;
@@ -76,6 +80,7 @@ Tensor var(const Tensor& a, DimList dims, bool keepdim, int64_t correction) {
 }
 
 Tensor std(const Tensor& a, DimList dims, bool keepdim, int64_t correction) {
+  TG_AUTOCAST(Std, tg::std(a, dims, keepdim, correction), a);
   Tensor out = native::reduce(ReduceOp::Std, a, dims, keepdim, correction);
   TG_TRACE(Std, out, {a}, {{"dims", dims.dims()}, {"keepdim", keepdim}, {"correction", correction}});
   if (!should_record(a)) return out;

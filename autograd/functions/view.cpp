@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "amp/hook.h"
 #include "autograd/function.h"
 #include "core/trace.h"
 
@@ -148,6 +149,7 @@ Tensor reshape(const Tensor& a, Shape shape) { return a.reshape(std::move(shape)
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) { return a.index_select(dim, index); }
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  TG_AUTOCAST_LIST(Cat, tg::cat(tensors, dim), tensors);
   Tensor out = native::cat(tensors, dim);
   TG_TRACE(Cat, out, tensors, {{"dim", dim}});
   if (!autograd::should_record_list(tensors)) return out;

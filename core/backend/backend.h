@@ -141,7 +141,11 @@ class Backend {
   // out[..., index[i], ...] += src[..., i, ...] (the backward of index_select). out and src:
   // contiguous, one floating dtype; index: contiguous int64/int32, validated; repeats add up.
   virtual void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) = 0;
+  // out = sum of inputs (2 <= n <= kMaxAddN), all contiguous with out's shape and floating
+  // dtype; accumulated in float (double for float64), rounded once.
+  virtual void add_n(const Tensor& out, const std::vector<Tensor>& inputs) = 0;
 };
+inline constexpr int kMaxAddN = 32;
 
 Backend& get(DeviceType type);
 Backend& cpu();

@@ -400,6 +400,42 @@ Tensor to(const Tensor& a, Device device, DType dtype, bool non_blocking) {
   return out;
 }
 
+Tensor add_n(const std::vector<Tensor>& ts) {
+  TG_CHECK(!ts.empty(), "add_n: no tensors");
+  if (ts.size() == 1) return ts[0];
+  const Tensor& first = ts[0];
+  bool fused = is_floating(first.dtype());
+  for (const Tensor& t : ts) {
+    TG_CHECK(t.sizes() == first.sizes() && t.dtype() == first.dtype() && t.device() == first.device(), "add_n: got ",
+             t.sizes(), " ", t.dtype(), " on ", t.device(), " beside ", first.sizes(), " ", first.dtype(), " on ",
+             first.device());
+    fused = fused && t.is_contiguous();
+  }
+  if (!fused) {
+    Tensor acc = ts[0];
+    for (size_t i = 1; i < ts.size(); ++i) acc = native::add(acc, ts[i]);
+    return acc;
+  }
+  std::vector<Tensor> level = ts;
+  while (level.size() > 1) {  // each pass sums groups of up to kMaxAddN
+    std::vector<Tensor> next;
+    for (size_t i = 0; i < level.size(); i += backend::kMaxAddN) {
+      size_t n = std::min<size_t>(backend::kMaxAddN, level.size() - i);
+      if (n == 1) {
+        next.push_back(level[i]);
+        continue;
+      }
+      std::vector<Tensor> group(level.begin() + static_cast<std::ptrdiff_t>(i),
+                                level.begin() + static_cast<std::ptrdiff_t>(i + n));
+      Tensor out = empty(first.sizes(), first.dtype(), first.device());
+      if (out.numel() > 0) backend::get(first.device().type()).add_n(out, group);
+      next.push_back(out);
+    }
+    level = std::move(next);
+  }
+  return level[0];
+}
+
 Tensor contiguous(const Tensor& a) { return a.is_contiguous() ? a : clone(a); }
 
 Tensor clone(const Tensor& a) {

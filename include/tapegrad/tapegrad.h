@@ -19,9 +19,15 @@
 #if __has_include("nn/nn.h")
 #include "nn/nn.h"
 #endif
+#if __has_include("optim/optim.h")
+#include "optim/optim.h"
+#endif
 #if __has_include("data/data.h")
 #include "data/data.h"
 #endif
 #if __has_include("export/export.h")
 #include "export/export.h"
+#endif
+#if __has_include("amp/amp.h")
+#include "amp/amp.h"
 #endif

@@ -12,7 +12,9 @@ namespace {
 using tg::Tensor;
 namespace nn = tg::nn;
 
-std::vector<double> host(const Tensor& t) { return t.to(tg::Device(tg::kCPU), tg::kFloat64).contiguous().to_vector<double>(); }
+std::vector<double> host(const Tensor& t) {
+  return t.to(tg::Device(tg::kCPU), tg::kFloat64).contiguous().to_vector<double>();
+}
 
 void check_linear(tg::Device dev) {
   tg::manual_seed(11);
@@ -61,9 +63,9 @@ TEST(Linear, BatchedInputAndNoBias) {
 
 TEST(Linear, GradcheckFloat64) {
   nn::Linear l(3, 2, true, tg::kFloat64);
-  auto rep = tg::autograd::gradcheck(
-      [&](const std::vector<Tensor>& in) { return tg::matmul(in[0], in[1].t()) + in[2]; },
-      {tg::randn({4, 3}, tg::kFloat64), l.weight.detach().clone(), l.bias.detach().clone()});
+  auto rep =
+      tg::autograd::gradcheck([&](const std::vector<Tensor>& in) { return tg::matmul(in[0], in[1].t()) + in[2]; },
+                              {tg::randn({4, 3}, tg::kFloat64), l.weight.detach().clone(), l.bias.detach().clone()});
   EXPECT_TRUE(rep) << rep;
 }
 

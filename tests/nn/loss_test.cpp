@@ -11,7 +11,9 @@ namespace {
 using tg::Tensor;
 namespace F = tg::nn::functional;
 
-std::vector<double> host(const Tensor& t) { return t.to(tg::Device(tg::kCPU), tg::kFloat64).contiguous().to_vector<double>(); }
+std::vector<double> host(const Tensor& t) {
+  return t.to(tg::Device(tg::kCPU), tg::kFloat64).contiguous().to_vector<double>();
+}
 
 TEST(MseLoss, Reductions) {
   Tensor a = tg::randn({4, 3}), b = tg::randn({4, 3});

@@ -4,6 +4,7 @@
 
 #include <tapegrad/tapegrad.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,7 +20,9 @@ std::vector<std::string> names(const std::vector<std::pair<std::string, Tensor>>
   return out;
 }
 
-std::vector<double> host(const Tensor& t) { return t.to(tg::Device(tg::kCPU), tg::kFloat64).contiguous().to_vector<double>(); }
+std::vector<double> host(const Tensor& t) {
+  return t.to(tg::Device(tg::kCPU), tg::kFloat64).contiguous().to_vector<double>();
+}
 
 // A user module in the style the API shows: children held as shared_ptr members.
 struct Block : nn::Module {
@@ -37,8 +40,7 @@ struct Block : nn::Module {
 
 TEST(Module, NamedParametersInPyTorchOrder) {
   Block b;
-  EXPECT_EQ(names(b.named_parameters()),
-            (std::vector<std::string>{"scale", "fc.weight", "fc.bias", "head.1.weight"}));
+  EXPECT_EQ(names(b.named_parameters()), (std::vector<std::string>{"scale", "fc.weight", "fc.bias", "head.1.weight"}));
   EXPECT_EQ(names(b.named_parameters(false)), (std::vector<std::string>{"scale"}));
   EXPECT_EQ(names(b.named_buffers()), (std::vector<std::string>{"running"}));
   EXPECT_EQ(b.children().size(), 2u);
@@ -84,8 +86,8 @@ TEST(Sequential, NamingAndForward) {
   auto* l0 = dynamic_cast<nn::Linear*>(s[0].get());
   auto* l2 = dynamic_cast<nn::Linear*>(s[2].get());
   ASSERT_TRUE(l0 && l2);
-  Tensor want = tg::sigmoid(tg::tanh(tg::matmul(tg::relu(tg::matmul(x, l0->weight.t()) + l0->bias), l2->weight.t()) +
-                                     l2->bias));
+  Tensor want =
+      tg::sigmoid(tg::tanh(tg::matmul(tg::relu(tg::matmul(x, l0->weight.t()) + l0->bias), l2->weight.t()) + l2->bias));
   Tensor got = s(x);
   EXPECT_EQ(got.sizes(), (tg::Shape{5, 1}));
   auto g = host(got), w = host(want);
@@ -121,7 +123,7 @@ TEST(Module, ZeroGradSetsUndefined) {
 
 TEST(Module, ToDTypeKeepsHandles) {
   Block b;
-  Tensor w = b.fc->weight;                   // a handle taken before the move (as an optimizer's)
+  Tensor w = b.fc->weight;  // a handle taken before the move (as an optimizer's)
   std::vector<Tensor> params = b.parameters();
   auto before = host(w);
   tg::nn::functional::mse_loss(b(tg::randn({2, 3})), tg::zeros({2, 1})).backward();
@@ -218,6 +220,14 @@ TEST(StateDict, OrderedInsert) {
   EXPECT_EQ(sd.keys(), (std::vector<std::string>{"b", "a"}));
   EXPECT_EQ(sd["b"].numel(), 3);
   EXPECT_THROW(sd.at("c"), tg::Error);
+  // From other (name, Tensor) ranges, in their order.
+  nn::Linear l(2, 2);
+  nn::StateDict from_params = l.named_parameters();
+  EXPECT_EQ(from_params.keys(), (std::vector<std::string>{"weight", "bias"}));
+  nn::StateDict from_map = std::map<std::string, Tensor>{{"z", tg::zeros({1})}, {"a", tg::ones({1})}};
+  EXPECT_EQ(from_map.keys(), (std::vector<std::string>{"a", "z"}));
+  nn::StateDict copy = sd;
+  EXPECT_EQ(copy.keys(), sd.keys());
 }
 
 }  // namespace

@@ -17,14 +17,15 @@ namespace {
 using tg::Tensor;
 namespace fs = std::filesystem;
 
-std::vector<double> host(const Tensor& t) { return t.to(tg::Device(tg::kCPU), tg::kFloat64).contiguous().to_vector<double>(); }
+std::vector<double> host(const Tensor& t) {
+  return t.to(tg::Device(tg::kCPU), tg::kFloat64).contiguous().to_vector<double>();
+}
 
 class Serialize : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tg_serialize_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() / ("tg_serialize_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
   }
   void TearDown() override {
@@ -146,24 +147,24 @@ TEST_F(Serialize, CorruptFiles) {
   }
   expect_error(raw("truncated", ok, 4), "past the data");  // data cut short
   expect_error(raw("hdr_past_end", 1000, ok, 8), "past the end");
-  expect_error(raw("hdr_huge", ~0ull - 3, ok, 8), "past the end");   // near 2^64: no overflow, no allocation
+  expect_error(raw("hdr_huge", ~0ull - 3, ok, 8), "past the end");  // near 2^64: no overflow, no allocation
   expect_error(raw("hdr_2_63", 1ull << 63, ok, 8), "past the end");
   expect_error(raw("bad_json", R"({"t":{"dtype":"F32",)", 8), "not valid JSON");
   expect_error(raw("not_object", "[1,2]", 8), "JSON object");
   expect_error(raw("bad_dtype", R"({"t":{"dtype":"F8","shape":[2],"data_offsets":[0,8]}})", 8), "unknown");
   expect_error(raw("reversed", R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8), "reversed");
   expect_error(raw("past_data", R"({"t":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8), "past the data");
-  expect_error(raw("overlap",
-                   R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-                   12),
-               "overlap");
+  expect_error(
+      raw("overlap",
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+          12),
+      "overlap");
   expect_error(raw("gap", R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8), "gap");
   expect_error(raw("uncovered", R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8), "cover");
   expect_error(raw("size_mismatch", R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "needs 12 bytes");
   expect_error(raw("negative", R"({"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "non-negative");
   expect_error(raw("float_dim", R"({"t":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", 8), "integers");
-  expect_error(raw("huge_shape",
-                   R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
+  expect_error(raw("huge_shape", R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
                "overflows");
   expect_error(raw("huge_dim", R"({"t":{"dtype":"F64","shape":[9223372036854775807],"data_offsets":[0,8]}})", 8),
                "overflows");
@@ -177,9 +178,7 @@ TEST_F(Serialize, CorruptFiles) {
 }
 
 // ---- Python interop (CI installs safetensors and numpy)
-bool have_python_safetensors() {
-  return std::system("python3 -c 'import safetensors, numpy' >/dev/null 2>&1") == 0;
-}
+bool have_python_safetensors() { return std::system("python3 -c 'import safetensors, numpy' >/dev/null 2>&1") == 0; }
 
 TEST_F(Serialize, PythonReadsOurFile) {
   if (!have_python_safetensors()) GTEST_SKIP() << "python3 with safetensors and numpy not available";

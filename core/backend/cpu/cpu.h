@@ -1,6 +1,7 @@
 // The CPU backend's internal interface: the host caching allocator and the
 // kernel entry points CpuBackend (cpu_backend.cpp) forwards to. Not installed.
 #pragma once
+#include <vector>
 #include <cstddef>
 #include <cstdint>
 
@@ -33,6 +34,7 @@ void randperm(const Tensor& out, uint64_t seed, uint64_t offset);
 void arange(const Tensor& out, double start, double step);
 void index_select(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index);
 void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
+void add_n(const Tensor& out, const std::vector<Tensor>& inputs);
 
 // Name of an elementwise op for error messages.
 const char* op_name(backend::ElemOp op);

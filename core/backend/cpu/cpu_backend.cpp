@@ -45,6 +45,7 @@ class CpuBackend final : public backend::Backend {
   }
   void randperm(const Tensor& out, uint64_t seed, uint64_t offset) override { cpu::randperm(out, seed, offset); }
   void arange(const Tensor& out, double start, double step) override { cpu::arange(out, start, step); }
+  void add_n(const Tensor& out, const std::vector<Tensor>& inputs) override { cpu::add_n(out, inputs); }
   void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override {
     cpu::index_add(out, dim, index, src);
   }

@@ -5,6 +5,8 @@
 #include "core/dtype.h"
 #include "core/error.h"
 
+#include <vector>
+
 namespace tg::cpu {
 
 void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
@@ -35,6 +37,28 @@ void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor
           }
         }
       });
+    }
+  });
+}
+
+void add_n(const Tensor& out, const std::vector<Tensor>& inputs) {
+  visit_dtype(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, Half> ||
+                  std::is_same_v<T, BFloat16>) {
+      using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+      T* o = static_cast<T*>(out.data_ptr());
+      std::vector<const T*> in;
+      for (const Tensor& t : inputs) in.push_back(static_cast<const T*>(t.data_ptr()));
+      parallel_for(0, out.numel(), 16384, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          Acc acc = 0;
+          for (const T* p : in) acc += static_cast<Acc>(p[i]);
+          o[i] = T(acc);
+        }
+      });
+    } else {
+      TG_ERROR("add_n: dtype ", out.dtype(), " is not floating");
     }
   });
 }

@@ -55,6 +55,10 @@ class CudaBackend final : public Backend {
     cuda::detail::DeviceGuard guard(device_of(out));
     cuda::kern::arange(out, start, step);
   }
+  void add_n(const Tensor& out, const std::vector<Tensor>& inputs) override {
+    cuda::detail::DeviceGuard g(out.device().index());
+    cuda::kern::add_n(out, inputs);
+  }
   void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override {
     cuda::detail::DeviceGuard g(out.device().index());
     cuda::kern::index_add(out, dim, index, src);

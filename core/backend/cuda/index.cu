@@ -1,6 +1,9 @@
 // CUDA arange and index_select. index_select gathers whole rows of a contiguous
 // input ([outer, dim, inner] -> [outer, n_index, inner]) with the widest aligned
 // vector (16 bytes for float32 rows of 4k elements, the DataLoader case).
+#include <algorithm>
+#include <type_traits>
+
 #include "core/backend/cuda/kernels.cuh"
 #include "core/backend/cuda/loops.cuh"
 
@@ -144,6 +147,43 @@ void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor
     };
     if (index.dtype() == DType::Int64) go(static_cast<const int64_t*>(index.data_ptr()));
     else go(static_cast<const int32_t*>(index.data_ptr()));
+  });
+}
+}  // namespace tg::cuda::kern
+
+// ---- add_n: out = sum of up to kMaxAddN same-shaped contiguous tensors, one launch.
+namespace tg::cuda::kern {
+namespace {
+template <class S>
+struct AddNArgs {
+  const S* in[backend::kMaxAddN];
+  int n;
+};
+template <class S>
+__global__ void add_n_kernel(S* out, AddNArgs<S> a, int64_t numel) {
+  using Acc = std::conditional_t<std::is_same_v<S, double>, double, float>;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < numel;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    Acc acc = 0;
+    for (int k = 0; k < a.n; ++k) acc += cast<Acc>(a.in[k][i]);
+    out[i] = cast<S>(acc);
+  }
+}
+}  // namespace
+
+void add_n(const Tensor& out, const std::vector<Tensor>& inputs) {
+  TG_CHECK(inputs.size() >= 1 && inputs.size() <= static_cast<size_t>(backend::kMaxAddN), "add_n: ", inputs.size(),
+           " inputs (1 to ", backend::kMaxAddN, " per launch)");
+  cudaStream_t stream = detail::current_stream_handle(out.device().index());
+  const int64_t numel = out.numel();
+  dispatch<kFloats>(out.dtype(), "add_n", [&](auto tag) {
+    using S = typename decltype(tag)::type;
+    AddNArgs<S> a{};
+    a.n = static_cast<int>(inputs.size());
+    for (int k = 0; k < a.n; ++k) a.in[k] = static_cast<const S*>(inputs[k].data_ptr());
+    unsigned grid = static_cast<unsigned>(std::min<int64_t>((numel + kThreads - 1) / kThreads, 4096));
+    add_n_kernel<S><<<grid, kThreads, 0, stream>>>(static_cast<S*>(out.data_ptr()), a, numel);
+    TG_CUDA_CHECK_LAUNCH();
   });
 }
 }  // namespace tg::cuda::kern

@@ -15,5 +15,6 @@ void randperm(const Tensor& out, uint64_t seed, uint64_t offset);
 void arange(const Tensor& out, double start, double step);  // index.cu
 void index_select(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index);
 void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
+void add_n(const Tensor& out, const std::vector<Tensor>& inputs);
 
 }  // namespace tg::cuda::kern

@@ -208,18 +208,6 @@ std::string arch_for(int device) {
   return arch;
 }
 
-int sm_count(int device) {
-  static std::mutex mu;
-  static std::map<int, int> counts;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = counts.find(device);
-  if (it != counts.end()) return it->second;
-  int n = 0;
-  TG_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  counts[device] = n;
-  return n;
-}
-
 // Where NVRTC finds cuda_fp16.h, cuda_bf16.h and the CCCL headers they use:
 // $CUDA_PATH first, then the toolkit tapegrad was built against, then the usual place.
 std::vector<std::string> include_dirs() {
@@ -513,7 +501,8 @@ void RawKernel::launch_args(Dim3 grid, Dim3 block, size_t shared_mem, const std:
   auto& l = load_on(*kernel_, dev);
   if (l.params_known) {
     TG_CHECK(args.size() == l.param_sizes.size(), "RawKernel '", name_, "': the kernel takes ", l.param_sizes.size(),
-             " argument(s), launch got ", args.size());
+             " argument(s), launch got ", args.size(),
+             " (an integer right after the block size is taken as the shared memory size)");
     for (size_t i = 0; i < args.size(); ++i) {
       TG_CHECK(args[i].size == l.param_sizes[i], "RawKernel '", name_, "': argument ", i, " (", args[i].what, ") is ",
                args[i].size, " bytes but the kernel's parameter ", i, " is ", l.param_sizes[i],
@@ -553,6 +542,10 @@ void RawKernel::launch_args(Dim3 grid, Dim3 block, size_t shared_mem, const std:
 // ---- ElementwiseKernel
 
 namespace {
+
+// The generated elementwise kernels' launch shape (the built-in loops use the same).
+constexpr int64_t kEwBlock = 128;
+constexpr int64_t kEwUnroll = 4;
 
 struct Param {
   std::string type;   // as the generated source spells it
@@ -619,15 +612,27 @@ std::string generate(const std::string& name, const std::vector<Param>& ins, con
   std::ostringstream s;
   if (half) s << "#include <cuda_fp16.h>\n";
   if (bf16) s << "#include <cuda_bf16.h>\n";
-  s << "extern \"C\" __global__ void " << name << "(";
+  // Each thread handles kUnroll elements a block apart: all loads first, then the
+  // bodies, so that a thread has several loads in flight (as the built-in loops do).
+  s << "extern \"C\" __global__ void __launch_bounds__(" << kEwBlock << ") " << name << "(";
   for (const auto& p : ins) s << "const " << p.type << "* _tg_in_" << p.name << ", ";
   for (const auto& p : outs) s << p.type << "* _tg_out_" << p.name << ", ";
   s << "long long n) {\n"
-    << "  const long long _tg_stride = (long long)blockDim.x * gridDim.x;\n"
-    << "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += _tg_stride) {\n";
-  for (const auto& p : ins) s << "    const " << p.type << " " << p.name << " = _tg_in_" << p.name << "[i];\n";
-  for (const auto& p : outs) s << "    " << p.type << "& " << p.name << " = _tg_out_" << p.name << "[i];\n";
-  s << "    " << body << ";\n  }\n}\n";
+    << "  const long long _tg_base = (long long)blockIdx.x * (" << kEwBlock * kEwUnroll << ") + threadIdx.x;\n";
+  for (const auto& p : ins) s << "  " << p.type << " _tg_v_" << p.name << "[" << kEwUnroll << "];\n";
+  s << "#pragma unroll\n"
+    << "  for (int _tg_u = 0; _tg_u < " << kEwUnroll << "; ++_tg_u) {\n"
+    << "    const long long i = _tg_base + _tg_u * " << kEwBlock << ";\n"
+    << "    if (i < n) {\n";
+  for (const auto& p : ins) s << "      _tg_v_" << p.name << "[_tg_u] = _tg_in_" << p.name << "[i];\n";
+  s << "    }\n  }\n"
+    << "#pragma unroll\n"
+    << "  for (int _tg_u = 0; _tg_u < " << kEwUnroll << "; ++_tg_u) {\n"
+    << "    const long long i = _tg_base + _tg_u * " << kEwBlock << ";\n"
+    << "    if (i < n) {\n";
+  for (const auto& p : ins) s << "      const " << p.type << " " << p.name << " = _tg_v_" << p.name << "[_tg_u];\n";
+  for (const auto& p : outs) s << "      " << p.type << "& " << p.name << " = _tg_out_" << p.name << "[i];\n";
+  s << "      " << body << ";\n    }\n  }\n}\n";
   return s.str();
 }
 
@@ -746,10 +751,8 @@ std::vector<Tensor> ElementwiseKernel::call(const std::vector<Tensor>& inputs, s
     for (const auto& t : dense) args.push_back(detail::make_kernel_arg(t));
     for (const auto& t : targets) args.push_back(detail::make_kernel_arg(t));
     args.push_back(detail::make_kernel_arg(static_cast<long long>(n)));
-    constexpr int64_t kBlock = 256;
-    const int64_t max_blocks = int64_t{sm_count(dev.index())} * 32;
-    const int64_t blocks = std::min((n + kBlock - 1) / kBlock, max_blocks);
-    k->launch_args(Dim3(blocks), Dim3(kBlock), 0, args);
+    const int64_t per_block = kEwBlock * kEwUnroll;
+    k->launch_args(Dim3((n + per_block - 1) / per_block), Dim3(kEwBlock), 0, args);
   }
 
   std::vector<Tensor> result(outs.size());

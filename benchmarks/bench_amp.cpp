@@ -1,0 +1,109 @@
+// The seed's mixed-precision training loop (Linear(4096, 4096), SGD lr 1e-3, batch
+// 256 randn, loss = model(inp).pow(2).mean(), GradScaler) timed in float16, bfloat16
+// and float32 (autocast and scaler off): 100 steps between two CUDA events per
+// repeat, warm-up repeats discarded, the median reported in us/step, plus the peak
+// GPU memory of the float16 run. One JSON line per workload (bench_util.h's emit):
+//   amp_train_fp16 / amp_train_bf16 / amp_train_fp32   us/step
+//   amp_fp16_vs_fp32                                   us/step, baseline: our float32 loop
+//   amp_train_fp16_peak_mib                            MiB (max_memory_allocated)
+//
+//   tg_bench_amp [--reps N] [--warmup N] [--only SUBSTRING]
+#include <tapegrad/tapegrad.h>
+
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "amp/amp.h"
+#include "benchmarks/bench_util.h"
+#include "optim/optim.h"
+
+namespace {
+
+using tg::bench::emit;
+using tg::bench::median;
+using tg::bench::Options;
+
+constexpr int kSteps = 100;
+constexpr int64_t kFeatures = 4096;
+constexpr int64_t kBatch = 256;
+
+struct Result {
+  double us_per_step;
+  double peak_mib;
+};
+
+// low: nullopt = float32 (autocast and scaler disabled).
+Result run_loop(const Options& o, std::optional<tg::DType> low) {
+  tg::cuda::synchronize();
+  tg::cuda::empty_cache();
+  tg::cuda::reset_peak_memory_stats();
+  tg::manual_seed(0);
+  const tg::Device dev(tg::kCUDA);
+  tg::nn::Linear model(kFeatures, kFeatures);
+  model.to(dev);
+  tg::optim::SGD opt(model.parameters(), {.lr = 1e-3});
+  tg::amp::GradScaler scaler({.enabled = low.has_value()});
+  auto step = [&] {
+    auto inp = tg::randn({kBatch, kFeatures}, dev);
+    opt.zero_grad();
+    tg::Tensor loss;
+    {
+      tg::amp::autocast guard(tg::kCUDA, low, low.has_value());
+      loss = model(inp).pow(2).mean();
+    }
+    scaler.scale(loss).backward();
+    scaler.step(opt);
+    scaler.update();
+  };
+  for (int i = 0; i < o.warmup * 10; ++i) step();  // a warm-up repeat is 10 steps
+  tg::cuda::synchronize();
+  tg::cuda::Event start, end;
+  std::vector<double> us;
+  for (int r = 0; r < o.reps; ++r) {
+    start.record();
+    for (int i = 0; i < kSteps; ++i) step();
+    end.record();
+    end.synchronize();
+    us.push_back(start.elapsed_ms(end) * 1e3 / kSteps);
+  }
+  return {median(us), static_cast<double>(tg::cuda::max_memory_allocated()) / (1024.0 * 1024.0)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = tg::bench::parse_options(argc, argv);
+  if (!tg::cuda::is_available()) {
+    std::fprintf(stderr, "tg_bench_amp: no CUDA device; nothing to time\n");
+    return 0;
+  }
+  try {
+    const bool want16 = o.wants("amp_train_fp16") || o.wants("amp_fp16_vs_fp32");
+    const bool want32 = o.wants("amp_train_fp32") || o.wants("amp_fp16_vs_fp32");
+    std::optional<Result> r16, r32;
+    if (want16) {
+      r16 = run_loop(o, tg::kFloat16);
+      emit("amp_train_fp16", r16->us_per_step, "us/step", r16->us_per_step * kSteps * 1e-3);
+      emit("amp_train_fp16_peak_mib", r16->peak_mib, "MiB", r16->us_per_step * kSteps * 1e-3);
+    }
+    if (o.wants("amp_train_bf16")) {
+      Result r = run_loop(o, tg::kBFloat16);
+      emit("amp_train_bf16", r.us_per_step, "us/step", r.us_per_step * kSteps * 1e-3,
+           "\"peak_mib\": " + std::to_string(r.peak_mib));
+    }
+    if (want32) {
+      r32 = run_loop(o, std::nullopt);
+      emit("amp_train_fp32", r32->us_per_step, "us/step", r32->us_per_step * kSteps * 1e-3,
+           "\"peak_mib\": " + std::to_string(r32->peak_mib));
+    }
+    if (r16 && r32)
+      emit("amp_fp16_vs_fp32", r16->us_per_step, "us/step", r16->us_per_step * kSteps * 1e-3,
+           "\"baseline\": " + std::to_string(r32->us_per_step) + ", \"baseline_name\": \"tg float32\"");
+  } catch (const tg::Error& e) {
+    std::fprintf(stderr, "tg_bench_amp: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,293 @@
+// GradScaler: skipped steps on inf / NaN (parameters and optimizer state
+// bit-identical), backoff and growth of the scale, PyTorch's exact sequence of
+// scales for a scripted run, unscale_ values, the per-optimizer state machine
+// errors, state_dict, and the disabled scaler. Each runs on the CPU and, when a
+// GPU is present, on CUDA (the fused kernels).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <tapegrad/tapegrad.h>
+
+namespace tg::testing {
+namespace {
+
+std::vector<Device> devices() {
+  std::vector<Device> d{Device(kCPU)};
+  if (cuda::is_available()) d.emplace_back(kCUDA, 0);
+  return d;
+}
+
+// Raw bytes of a tensor (for bit-identical comparisons).
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  std::vector<uint8_t> b(t.nbytes());
+  t.contiguous().copy_to_host(b.data());
+  return b;
+}
+
+struct Rig {
+  explicit Rig(Device dev, optim::SGDOptions o = {.lr = 0.1, .momentum = 0.9}) {
+    manual_seed(11);
+    w = randn({5, 3}, TensorOptions().device(dev)).requires_grad_();
+    b = randn({3}, TensorOptions().device(dev)).requires_grad_();
+    x = randn({7, 5}, TensorOptions().device(dev));
+    opt = std::make_unique<optim::SGD>(std::vector<Tensor>{w, b}, o);
+  }
+  Tensor loss() const { return (matmul(x, w) + b).pow(2).mean(); }
+  Tensor w, b, x;
+  std::unique_ptr<optim::SGD> opt;
+};
+
+// Everything a skipped step must leave untouched.
+std::vector<std::vector<uint8_t>> snapshot(const Rig& s) {
+  std::vector<std::vector<uint8_t>> out{bytes_of(s.w), bytes_of(s.b)};
+  for (const auto& [k, v] : s.opt->state_dict())
+    if (k.rfind("state.", 0) == 0) out.push_back(bytes_of(v));
+  return out;
+}
+
+void poison(const Tensor& grad, double value) { grad.view({-1}).slice(0, 1, 2).fill_(value); }
+
+void check_skip(Device dev, double bad) {
+  SCOPED_TRACE(dev.str() + " poison " + std::to_string(bad));
+  Rig s(dev);
+  amp::GradScaler scaler({.init_scale = 1024, .growth_interval = 3});
+  // Two clean steps: momentum state exists and the tracker is at 2.
+  for (int i = 0; i < 2; ++i) {
+    s.opt->zero_grad();
+    scaler.scale(s.loss()).backward();
+    scaler.step(*s.opt);
+    scaler.update();
+  }
+  EXPECT_EQ(scaler.get_growth_tracker(), 2);
+  EXPECT_EQ(scaler.get_scale(), 1024.0);
+  s.opt->zero_grad();
+  scaler.scale(s.loss()).backward();
+  poison(s.b.grad(), bad);  // one element of one gradient
+  const auto before = snapshot(s);
+  ASSERT_GE(before.size(), 4u);  // params + momentum buffers + steps
+  scaler.step(*s.opt);
+  EXPECT_EQ(scaler.found_inf(*s.opt).item<float>(), 1.f);
+  scaler.update();
+  EXPECT_EQ(snapshot(s), before);
+  EXPECT_EQ(scaler.get_scale(), 512.0);
+  EXPECT_EQ(scaler.get_growth_tracker(), 0);
+  // The next clean step moves the parameters again.
+  s.opt->zero_grad();
+  scaler.scale(s.loss()).backward();
+  scaler.step(*s.opt);
+  scaler.update();
+  EXPECT_NE(snapshot(s), before);
+  EXPECT_EQ(scaler.get_growth_tracker(), 1);
+}
+
+TEST(GradScaler, InfSkipsStepAndBacksOff) {
+  for (Device d : devices()) check_skip(d, std::numeric_limits<double>::infinity());
+}
+TEST(GradScaler, NegInfSkipsStep) {
+  for (Device d : devices()) check_skip(d, -std::numeric_limits<double>::infinity());
+}
+TEST(GradScaler, NaNSkipsStepAndBacksOff) {
+  for (Device d : devices()) check_skip(d, std::numeric_limits<double>::quiet_NaN());
+}
+TEST(GradScaler, InfAfterExplicitUnscaleSkipsStep) {
+  for (Device dev : devices()) {
+    Rig s(dev);
+    amp::GradScaler scaler;
+    s.opt->zero_grad();
+    scaler.scale(s.loss()).backward();
+    poison(s.w.grad(), std::numeric_limits<double>::infinity());
+    const auto before = snapshot(s);
+    scaler.unscale_(*s.opt);
+    scaler.step(*s.opt);
+    scaler.update();
+    EXPECT_EQ(snapshot(s), before) << dev;
+    EXPECT_EQ(scaler.get_scale(), 32768.0) << dev;
+  }
+}
+
+TEST(GradScaler, GrowsAfterIntervalOfCleanSteps) {
+  for (Device dev : devices()) {
+    Rig s(dev, {.lr = 1e-3});
+    amp::GradScaler scaler({.init_scale = 8, .growth_factor = 2, .growth_interval = 4});
+    std::vector<int64_t> trackers;
+    std::vector<double> scales;
+    for (int i = 0; i < 9; ++i) {
+      s.opt->zero_grad();
+      scaler.scale(s.loss()).backward();
+      scaler.step(*s.opt);
+      scaler.update();
+      trackers.push_back(scaler.get_growth_tracker());
+      scales.push_back(scaler.get_scale());
+    }
+    EXPECT_EQ(trackers, (std::vector<int64_t>{1, 2, 3, 0, 1, 2, 3, 0, 1})) << dev;
+    EXPECT_EQ(scales, (std::vector<double>{8, 8, 8, 16, 16, 16, 16, 32, 32})) << dev;
+  }
+}
+
+// A scripted run of overflowing ('O') and clean ('.') steps gives PyTorch's scales
+// exactly. The expectation is computed here by the _amp_update_scale_ formula in
+// float32 arithmetic (scale * factor in double, rounded to float).
+TEST(GradScaler, ScriptedSequenceMatchesPyTorchFormula) {
+  const std::string script = "..O...O..........OO.O.....O......";
+  const double growth = 2.0, backoff = 0.25;
+  const int64_t interval = 5;
+  for (Device dev : devices()) {
+    Rig s(dev, {.lr = 1e-4});
+    amp::GradScaler scaler({.init_scale = 3.0, .growth_factor = growth, .backoff_factor = backoff,
+                            .growth_interval = interval});
+    float expect_scale = 3.0f;
+    int64_t expect_tracker = 0;
+    for (size_t i = 0; i < script.size(); ++i) {
+      s.opt->zero_grad();
+      scaler.scale(s.loss()).backward();
+      if (script[i] == 'O') poison(s.w.grad(), std::numeric_limits<double>::infinity());
+      scaler.step(*s.opt);
+      scaler.update();
+      if (script[i] == 'O') {
+        expect_scale = static_cast<float>(static_cast<double>(expect_scale) * backoff);
+        expect_tracker = 0;
+      } else if (++expect_tracker == interval) {
+        expect_scale = static_cast<float>(static_cast<double>(expect_scale) * growth);
+        expect_tracker = 0;
+      }
+      ASSERT_EQ(scaler.scale_tensor().item<float>(), expect_scale) << dev << " step " << i;
+      ASSERT_EQ(scaler.get_growth_tracker(), expect_tracker) << dev << " step " << i;
+    }
+  }
+}
+
+TEST(GradScaler, ScaleAndUnscaleValues) {
+  for (Device dev : devices()) {
+    Rig s(dev, {.lr = 0.1});
+    amp::GradScaler scaler({.init_scale = 256});
+    // Reference gradients without scaling.
+    s.opt->zero_grad();
+    s.loss().backward();
+    std::vector<float> gw = s.w.grad().cpu().to_vector<float>(), gb = s.b.grad().cpu().to_vector<float>();
+    std::vector<float> w0 = s.w.detach().cpu().to_vector<float>();
+    s.opt->zero_grad();
+    Tensor scaled = scaler.scale(s.loss());
+    EXPECT_FLOAT_EQ(scaled.item<float>(), s.loss().item<float>() * 256.f);
+    scaled.backward();
+    // Scaled by a power of two: exactly 256 times the unscaled gradients.
+    std::vector<float> sw = s.w.grad().cpu().to_vector<float>();
+    for (size_t i = 0; i < gw.size(); ++i) EXPECT_EQ(sw[i], gw[i] * 256.f) << i;
+    scaler.unscale_(*s.opt);
+    EXPECT_EQ(scaler.found_inf(*s.opt).item<float>(), 0.f);
+    EXPECT_EQ(s.w.grad().cpu().to_vector<float>(), gw) << dev;
+    EXPECT_EQ(s.b.grad().cpu().to_vector<float>(), gb) << dev;
+    scaler.step(*s.opt);
+    scaler.update();
+    std::vector<float> w1 = s.w.detach().cpu().to_vector<float>();
+    for (size_t i = 0; i < w0.size(); ++i) EXPECT_NEAR(w1[i], w0[i] - 0.1f * gw[i], 1e-6) << i;
+  }
+}
+
+// Without unscale_, step lets the optimizer divide by the scale: same update.
+TEST(GradScaler, StepWithoutUnscaleMatchesUnscaledStep) {
+  for (Device dev : devices()) {
+    Rig a(dev), b(dev);
+    amp::GradScaler sa, sb;
+    for (int i = 0; i < 3; ++i) {
+      a.opt->zero_grad();
+      sa.scale(a.loss()).backward();
+      sa.step(*a.opt);
+      sa.update();
+      b.opt->zero_grad();
+      sb.scale(b.loss()).backward();
+      sb.unscale_(*b.opt);
+      sb.step(*b.opt);
+      sb.update();
+    }
+    EXPECT_EQ(a.w.detach().cpu().to_vector<float>(), b.w.detach().cpu().to_vector<float>()) << dev;
+    EXPECT_EQ(a.b.detach().cpu().to_vector<float>(), b.b.detach().cpu().to_vector<float>()) << dev;
+  }
+}
+
+TEST(GradScaler, StateMachineErrors) {
+  Rig s{Device(kCPU)};
+  amp::GradScaler scaler;
+  EXPECT_THROW(scaler.step(*s.opt), Error);      // step before any scale()
+  EXPECT_THROW(scaler.unscale_(*s.opt), Error);  // likewise
+  EXPECT_THROW(scaler.update(), Error);
+  scaler.scale(s.loss()).backward();
+  EXPECT_THROW(scaler.update(), Error);  // no inf checks recorded yet
+  scaler.unscale_(*s.opt);
+  try {
+    scaler.unscale_(*s.opt);
+    ADD_FAILURE() << "unscale_ twice did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already been called"), std::string::npos) << e.what();
+  }
+  scaler.step(*s.opt);
+  EXPECT_THROW(scaler.step(*s.opt), Error);     // step twice
+  EXPECT_THROW(scaler.unscale_(*s.opt), Error);  // unscale_ after step
+  scaler.update();
+  // After update() the optimizer is ready again.
+  s.opt->zero_grad();
+  scaler.scale(s.loss()).backward();
+  EXPECT_NO_THROW(scaler.unscale_(*s.opt));
+  EXPECT_NO_THROW(scaler.step(*s.opt));
+  EXPECT_NO_THROW(scaler.update());
+}
+
+TEST(GradScaler, OptionsValidated) {
+  EXPECT_THROW(amp::GradScaler({.init_scale = -1}), Error);
+  EXPECT_THROW(amp::GradScaler({.growth_factor = 0.5}), Error);
+  EXPECT_THROW(amp::GradScaler({.backoff_factor = 1.5}), Error);
+  EXPECT_THROW(amp::GradScaler({.growth_interval = 0}), Error);
+}
+
+TEST(GradScaler, StateDictRoundTrip) {
+  for (Device dev : devices()) {
+    Rig s(dev);
+    amp::GradScaler scaler({.init_scale = 128, .growth_interval = 10});
+    for (int i = 0; i < 3; ++i) {
+      s.opt->zero_grad();
+      scaler.scale(s.loss()).backward();
+      scaler.step(*s.opt);
+      scaler.update();
+    }
+    auto sd = scaler.state_dict();
+    EXPECT_EQ(sd.at("scale"), 128.0);
+    EXPECT_EQ(sd.at("_growth_tracker"), 3.0);
+    EXPECT_EQ(sd.at("growth_interval"), 10.0);
+    EXPECT_EQ(sd.at("growth_factor"), 2.0);
+    EXPECT_EQ(sd.at("backoff_factor"), 0.5);
+    amp::GradScaler fresh;
+    fresh.load_state_dict(sd);
+    EXPECT_EQ(fresh.get_scale(), 128.0);
+    EXPECT_EQ(fresh.get_growth_tracker(), 3);
+    EXPECT_EQ(fresh.get_growth_interval(), 10);
+    // The loaded tracker reaches the device with the scale.
+    s.opt->zero_grad();
+    fresh.scale(s.loss()).backward();
+    fresh.step(*s.opt);
+    fresh.update();
+    EXPECT_EQ(fresh.get_growth_tracker(), 4) << dev;
+    EXPECT_THROW(fresh.load_state_dict({}), Error);
+  }
+}
+
+TEST(GradScaler, DisabledIsTransparent) {
+  Rig s(Device(kCPU), {.lr = 0.1});
+  amp::GradScaler scaler({.enabled = false});
+  Tensor loss = s.loss();
+  EXPECT_TRUE(scaler.scale(loss).is_same(loss));
+  std::vector<float> w0 = s.w.detach().to_vector<float>();
+  loss.backward();
+  scaler.unscale_(*s.opt);  // no-op
+  scaler.step(*s.opt);
+  scaler.update();
+  EXPECT_NE(s.w.detach().to_vector<float>(), w0);
+  EXPECT_EQ(scaler.get_scale(), 1.0);
+  EXPECT_TRUE(scaler.state_dict().empty());
+}
+
+}  // namespace
+}  // namespace tg::testing
