@@ -17,6 +17,10 @@ using Grads = std::vector<Tensor>;
 
 namespace {
 Tensor mT(const Tensor& t) { return native::transpose(t, t.dim() - 2, t.dim() - 1); }
+// A 2-D operand stored transposed (column-major, like Linear's weight.t()): its gradient is
+// produced in the same layout, so the gradient reaching the stored tensor needs no
+// transposing copy.
+bool col_major(const Tensor& t) { return t.dim() == 2 && t.stride(0) == 1 && t.size(0) > 1 && t.stride(1) != 1; }
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -26,8 +30,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (!should_record(a, b)) return out;
   SavedTensor sa = autograd::requires_grad(b) ? SavedTensor(a, "matmul") : SavedTensor();
   SavedTensor sb = autograd::requires_grad(a) ? SavedTensor(b, "matmul") : SavedTensor();
-  const bool a1 = a.dim() == 1, b1 = b.dim() == 1;
-  return record("matmul", {a, b}, std::move(out), [sa, sb, a1, b1](const Tensor& g, const FunctionNode& n) -> Grads {
+  const bool a1 = a.dim() == 1, b1 = b.dim() == 1, a_col = col_major(a), b_col = col_major(b);
+  return record("matmul", {a, b}, std::move(out),
+                [sa, sb, a1, b1, a_col, b_col](const Tensor& g, const FunctionNode& n) -> Grads {
     Tensor ga, gb;
     if (a1 && b1) {  // dot product: g is a scalar
       if (n.needs_input_grad(0)) ga = native::mul(sb.unpack(), g);
@@ -41,13 +46,15 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     if (n.needs_input_grad(0)) {
       Tensor bv = sb.unpack();
       Tensor b2 = b1 ? native::unsqueeze(bv, 1) : bv;
-      ga = native::matmul(g2, mT(b2));  // (..., m, k)
+      // (..., m, k); for a column-major a, computed as (b g^T)^T to land in a's layout
+      ga = !a1 && a_col ? mT(native::matmul(b2, mT(g2))) : native::matmul(g2, mT(b2));
       if (a1) ga = native::squeeze(ga, ga.dim() - 2);
     }
     if (n.needs_input_grad(1)) {
       Tensor av = sa.unpack();
       Tensor a2 = a1 ? native::unsqueeze(av, 0) : av;
-      gb = native::matmul(mT(a2), g2);  // (..., k, n)
+      // (..., k, n); for a column-major b, computed as (g^T a)^T to land in b's layout
+      gb = !b1 && b_col ? mT(native::matmul(mT(g2), a2)) : native::matmul(mT(a2), g2);
       if (b1) gb = native::squeeze(gb, gb.dim() - 1);
     }
     return {ga, gb};

@@ -148,6 +148,9 @@ class Backend {
 inline constexpr int kMaxAddN = 32;
 
 Backend& get(DeviceType type);
+// How many backend ops this thread has dispatched (a cheap counter for benchmarks: on CUDA
+// nearly one kernel launch each, the fused optimizer and scaler kernels aside).
+uint64_t dispatch_count();
 Backend& cpu();
 Backend* cuda();  // null when built without CUDA
 

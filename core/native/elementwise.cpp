@@ -33,7 +33,13 @@ const char* elem_op_name(ElemOp op) {
   return kNames[static_cast<int>(op)];
 }
 
+namespace {
+thread_local uint64_t t_dispatches = 0;
+}
+uint64_t dispatch_count() { return t_dispatches; }
+
 Backend& get(DeviceType type) {
+  ++t_dispatches;
   if (type == kCPU) return cpu();
   Backend* b = cuda();
   TG_CHECK(b != nullptr, "CUDA op requested but tapegrad was built without CUDA (TG_CUDA=OFF)");
@@ -412,6 +418,13 @@ Tensor add_n(const std::vector<Tensor>& ts) {
     fused = fused && t.is_contiguous();
   }
   if (!fused) {
+    // Often every contribution is one and the same view (e.g. the expanded gradient of a sum
+    // reaching a tensor used many times): then the sum is one scaled copy.
+    auto same = [&](const Tensor& t) {
+      return t.data_ptr() == first.data_ptr() && t.strides() == first.strides();
+    };
+    if (is_floating(first.dtype()) && std::all_of(ts.begin(), ts.end(), same))
+      return scalar_op(ElemOp::MulScalar, first, Scalar(static_cast<double>(ts.size())));
     Tensor acc = ts[0];
     for (size_t i = 1; i < ts.size(); ++i) acc = native::add(acc, ts[i]);
     return acc;

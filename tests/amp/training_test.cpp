@@ -89,7 +89,7 @@ TEST(AmpTraining, CudaStepHasNoHostSync) {
   cuda::Stream stream;
   cuda::StreamGuard stream_guard(stream);
   nn::Linear model(256, 256, true, TensorOptions().device(Device(kCUDA, 0)));
-  optim::SGD opt(model.parameters(), {.lr = 1e-3, .momentum = 0.9});
+  optim::SGD opt(model.parameters(), {.lr = 1e-3});  // the seed loop's optimizer
   amp::GradScaler scaler({.init_scale = 1024, .growth_interval = 1000});
   Tensor inp = randn({64, 256}, TensorOptions().device(Device(kCUDA, 0)));
   auto train_step = [&] {
