@@ -32,6 +32,10 @@ WORKLOADS = [
     ("to_vector_8000x8000", "to_vector 8000^2", "lower", None),  # vs torch .cpu(); for information
     ("dependent_adds_16", "1000 dep. adds x16", "lower", ("abs", "<=", 4.0)),
     ("cpu_matmul_1024", "CPU matmul 1024 (vs Eigen)", "higher", ("ratio", ">=", 0.9)),
+    # Autograd (#3) and training (#4), from tg_bench_overhead.
+    ("matmul_grad_8000", "fwd+bwd sum(x @ y) 8000 fp32", "lower", ("ratio", "<=", 1.02)),
+    ("autograd_chain_2000_fwd_bwd", "2000-op grad chain x16, fwd+bwd", "lower", ("abs", "<=", 8.0)),
+    ("regression_epoch", "regression epoch 1Mx64 (245 steps)", "lower", ("abs", "<=", 15.0)),
     # Interop (#6), from tg_bench_interop. The first row's baseline is tapegrad's built-in multiply.
     ("ewk_mul_10M_f64", "ElementwiseKernel mul 10M f64 (vs built-in)", "higher", ("ratio", ">=", 0.95)),
     ("vectorize_mul_10M_host", "vectorize mul 10M f64, host arrays", "lower", ("ratio", "<=", 0.2, " (5x faster)")),
@@ -135,6 +139,48 @@ def torch_timings(warmup, reps, only):
             return y
 
         out["dependent_adds_16"] = (wall_ms(chain) * 1e3 / 1000, "us/op")
+    if wants("matmul_grad_8000"):
+        xg = torch.randn(8000, 8000, device="cuda", requires_grad=True)
+        yg = torch.randn(8000, 8000, device="cuda")
+
+        def fwd_bwd():
+            xg.grad = None
+            (xg @ yg).sum().backward()
+
+        out["matmul_grad_8000"] = (event_ms(fwd_bwd), "ms")
+        del xg, yg
+    if wants("autograd_chain_2000"):
+        w = torch.rand(16, device="cuda", requires_grad=True)
+
+        def grad_chain():
+            y = w
+            for _ in range(2000):
+                y = y + w
+            y.sum().backward()
+            w.grad = None
+
+        out["autograd_chain_2000_fwd_bwd"] = (wall_ms(grad_chain) * 1e3 / 2000, "us/op")
+    if wants("regression_epoch"):
+        # The seed's "preprocess on the GPU, then train" epoch, PyTorch eager with fused Adam and
+        # device-side shuffling (randperm + index), not the literal DataLoader (far slower).
+        raw = torch.rand(1_000_000, 64, device="cuda")
+        feat = ((raw - raw.mean(0)) / raw.std(0)).contiguous()
+        yr = torch.randn(1_000_000, 1, device="cuda")
+        net = torch.nn.Sequential(torch.nn.Linear(64, 1)).cuda()
+        adam = torch.optim.Adam(net.parameters(), fused=True)
+
+        def epoch():
+            perm = torch.randperm(feat.shape[0], device="cuda")
+            for i in range(0, feat.shape[0], 4096):
+                idx = perm[i:i + 4096]
+                xb, yb = feat[idx], yr[idx]
+                adam.zero_grad()
+                loss = torch.nn.functional.mse_loss(net(xb), yb)
+                loss.backward()
+                adam.step()
+
+        out["regression_epoch"] = (wall_ms(epoch), "ms")
+        del raw, feat, yr
     if wants("vectorize_mul_10M_host"):
         # The seed's numba @vectorize(target='cuda') multiply, the PyTorch way: host arrays in, host array out.
         a = torch.rand(10_000_000, dtype=torch.float64)
@@ -174,7 +220,7 @@ def torch_timings(warmup, reps, only):
 def run_tg_programs(bench_dir, reps, only):
     """Runs the C++ benchmark programs; returns (parsed JSON records, failed program names)."""
     records, failed = [], []
-    for prog in ("tg_bench_gpu", "tg_bench_cpu", "tg_bench_interop", "tg_bench_amp"):
+    for prog in ("tg_bench_gpu", "tg_bench_cpu", "tg_bench_interop", "tg_bench_amp", "tg_bench_overhead"):
         path = os.path.join(bench_dir, prog)
         if not os.path.exists(path):
             print(f"compare_torch: {path} not found (build with -DTG_BUILD_BENCHMARKS=ON)", file=sys.stderr)
