@@ -410,26 +410,31 @@ Tensor add_n(const std::vector<Tensor>& ts) {
   TG_CHECK(!ts.empty(), "add_n: no tensors");
   if (ts.size() == 1) return ts[0];
   const Tensor& first = ts[0];
-  bool fused = is_floating(first.dtype());
-  for (const Tensor& t : ts) {
+  for (const Tensor& t : ts)
     TG_CHECK(t.sizes() == first.sizes() && t.dtype() == first.dtype() && t.device() == first.device(), "add_n: got ",
              t.sizes(), " ", t.dtype(), " on ", t.device(), " beside ", first.sizes(), " ", first.dtype(), " on ",
              first.device());
-    fused = fused && t.is_contiguous();
-  }
-  if (!fused) {
-    // Often every contribution is one and the same view (e.g. the expanded gradient of a sum
-    // reaching a tensor used many times): then the sum is one scaled copy.
-    auto same = [&](const Tensor& t) {
-      return t.data_ptr() == first.data_ptr() && t.strides() == first.strides();
-    };
-    if (is_floating(first.dtype()) && std::all_of(ts.begin(), ts.end(), same))
-      return scalar_op(ElemOp::MulScalar, first, Scalar(static_cast<double>(ts.size())));
+  if (!is_floating(first.dtype())) {
     Tensor acc = ts[0];
     for (size_t i = 1; i < ts.size(); ++i) acc = native::add(acc, ts[i]);
     return acc;
   }
-  std::vector<Tensor> level = ts;
+  // Identical views are counted, not re-read (often every contribution is the same expanded
+  // gradient of a sum): a repeated one becomes one scaled copy, a lone strided one a dense
+  // copy; then one fused launch per kMaxAddN dense operands.
+  std::vector<std::pair<Tensor, int64_t>> unique;
+  for (const Tensor& t : ts) {
+    auto it = std::find_if(unique.begin(), unique.end(), [&](const auto& u) {
+      return u.first.data_ptr() == t.data_ptr() && u.first.strides() == t.strides();
+    });
+    if (it != unique.end()) ++it->second;
+    else unique.emplace_back(t, 1);
+  }
+  std::vector<Tensor> level;
+  for (auto& [t, count] : unique) {
+    if (count > 1) level.push_back(scalar_op(ElemOp::MulScalar, t, Scalar(static_cast<double>(count))));
+    else level.push_back(t.is_contiguous() ? t : clone(t));
+  }
   while (level.size() > 1) {  // each pass sums groups of up to kMaxAddN
     std::vector<Tensor> next;
     for (size_t i = 0; i < level.size(); i += backend::kMaxAddN) {
