@@ -66,6 +66,28 @@ int main(int argc, char** argv) {
          y.sum().backward();
          w.mutable_grad() = tg::Tensor();
        }), "us/op", 0, "\"note\": \"2000 dependent adds with requires_grad, forward + backward, per op\"");
+  {  // the same chain, forward and backward timed apart (host clock, synchronised)
+    std::vector<double> tf, tb;
+    for (int r = 0; r < o.warmup + o.reps; ++r) {
+      tg::cuda::synchronize();
+      double t0 = tg::bench::now_s();
+      tg::Tensor y = w;
+      for (int i = 0; i < kOps; ++i) y = y + w;
+      auto s = y.sum();
+      tg::cuda::synchronize();
+      double t1 = tg::bench::now_s();
+      s.backward();
+      tg::cuda::synchronize();
+      double t2 = tg::bench::now_s();
+      w.mutable_grad() = tg::Tensor();
+      if (r >= o.warmup) {
+        tf.push_back((t1 - t0) * 1e6 / kOps);
+        tb.push_back((t2 - t1) * 1e6 / kOps);
+      }
+    }
+    emit("autograd_chain_2000_fwd_only", tg::bench::median(tf), "us/op", 0);
+    emit("autograd_chain_2000_bwd_only", tg::bench::median(tb), "us/op", 0);
+  }
   {  // forward + backward of sum(x @ y) at 8000 fp32 (event-timed)
     auto a = tg::randn({8000, 8000}, tg::TensorOptions().device(tg::kCUDA).requires_grad(true));
     auto b = tg::randn({8000, 8000}, tg::kCUDA);
