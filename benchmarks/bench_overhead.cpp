@@ -9,6 +9,7 @@
 
 int launch_add_one(float* p, int n, int count, void* stream);
 void launch_report(float* p, int n, int count);
+void runtime_call_report(float* p, int n, int count);
 
 namespace {
 using tg::bench::emit;
@@ -34,6 +35,21 @@ int main(int argc, char** argv) {
   auto x = tg::rand({16}, tg::kCUDA);
   auto buf = tg::zeros({16}, tg::kCUDA);
   launch_report(buf.data_ptr<float>(), 16, kOps);
+  runtime_call_report(buf.data_ptr<float>(), 16, kOps);
+  {  // the same front-end on CPU tensors: tapegrad's host cost on this machine without CUDA
+    auto xc = tg::rand({16});
+    emit("overhead_add_chain_cpu", per_op_us(o, kOps, [&] {
+           tg::Tensor y = xc;
+           for (int i = 0; i < kOps; ++i) y = y + xc;
+         }), "us/op", 0);
+    auto wc = tg::rand({16}, tg::TensorOptions().requires_grad(true));
+    emit("autograd_chain_cpu_fwd_bwd", per_op_us(o, kOps, [&] {
+           tg::Tensor y = wc;
+           for (int i = 0; i < kOps; ++i) y = y + wc;
+           y.sum().backward();
+           wc.mutable_grad() = tg::Tensor();
+         }), "us/op", 0);
+  }
   {  // the same adds on a non-blocking stream made current
     tg::cuda::Stream s;
     tg::cuda::StreamGuard g(s);

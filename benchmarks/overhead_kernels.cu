@@ -13,7 +13,34 @@ __global__ void add_one(float* p, int n) {
 double now_us() {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+struct BigArgs {
+  float* p;
+  long long pad[63];
+};
+__global__ void add_one_big(BigArgs a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) a.p[i] += 1.f;
+}
 }  // namespace
+
+// µs per call of small runtime calls and of a launch with 512 bytes of parameters.
+void runtime_call_report(float* p, int n, int count) {
+  int dev = 0;
+  double t0 = now_us();
+  for (int i = 0; i < count; ++i) cudaGetDevice(&dev);
+  double t1 = now_us();
+  for (int i = 0; i < count; ++i) (void)cudaGetLastError();
+  double t2 = now_us();
+  BigArgs a{};
+  a.p = p;
+  for (int i = 0; i < count; ++i) add_one_big<<<1, 32>>>(a, n);
+  cudaDeviceSynchronize();
+  double t3 = now_us();
+  std::printf("{\"workload\": \"rt_cudaGetDevice\", \"value\": %.3f, \"unit\": \"us/call\"}\n", (t1 - t0) / count);
+  std::printf("{\"workload\": \"rt_cudaGetLastError\", \"value\": %.3f, \"unit\": \"us/call\"}\n", (t2 - t1) / count);
+  std::printf("{\"workload\": \"raw_launch_512B_params\", \"value\": %.3f, \"unit\": \"us/op\"}\n", (t3 - t2) / count);
+}
 
 // Launches add_one `count` times on `stream`; returns the last error.
 int launch_add_one(float* p, int n, int count, void* stream) {
