@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "core/backend/backend.h"
+#include "core/backend/cuda/opmath.cuh"
 #include "core/backend/cuda/runtime.h"
 
 namespace tg::cuda::kern {
@@ -45,21 +46,7 @@ using dev_t = typename DevType<T>::type;
 template <class T>
 inline constexpr bool kIsReduced = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
 
-// The type arithmetic happens in.
-template <class T>
-struct OpMath {
-  using type = T;
-};
-template <>
-struct OpMath<__half> {
-  using type = float;
-};
-template <>
-struct OpMath<__nv_bfloat16> {
-  using type = float;
-};
-template <class T>
-using opmath_t = typename OpMath<T>::type;
+using ::tg::cuda::opmath_t;
 
 // Conversion between any two of the 7 dtypes, with the CPU backend's rules:
 // 16-bit floats go through float, bool is != 0.

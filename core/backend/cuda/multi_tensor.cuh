@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/backend/cuda/opmath.cuh"
 #include "core/backend/cuda/runtime.h"
 #include "core/dtype.h"
 
@@ -147,20 +148,7 @@ void dispatch_floating(DType t, const char* op, F&& f) {
 
 // ---- device side
 
-template <class T>
-struct OpMath {
-  using type = T;
-};
-template <>
-struct OpMath<__half> {
-  using type = float;
-};
-template <>
-struct OpMath<__nv_bfloat16> {
-  using type = float;
-};
-template <class T>
-using opmath_t = typename OpMath<T>::type;
+using ::tg::cuda::opmath_t;
 
 template <class T>
 __device__ __forceinline__ opmath_t<T> to_opmath(T v) {
