@@ -327,6 +327,8 @@ __global__ void __launch_bounds__(kReduceThreads)
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Reduced lengths up to this are done by one launch (no partials / finalize).
+inline constexpr int64_t kSplitMinK = 8192;
 
 template <class R, class S>
 void run_reduce(const R& r, const ReducePlan& p) {
@@ -344,7 +346,10 @@ void run_reduce(const R& r, const ReducePlan& p) {
   };
   if (p.kind == ReducePlan::kInner) {
     int64_t target_warps = int64_t{sms} * 32;
-    if (p.M < target_warps) split = std::max<int64_t>(1, std::min(ceil_div(target_warps, p.M), ceil_div(p.K, 1024)));
+    // Split K (partials + a finalize launch) only when the rows are long: for short ones a
+    // second launch costs more than the extra parallelism saves.
+    if (p.M < target_warps && p.K > kSplitMinK)
+      split = std::max<int64_t>(1, std::min(ceil_div(target_warps, p.M), ceil_div(p.K, 1024)));
     chunk = ceil_div(ceil_div(p.K, split), 128) * 128;
     split = ceil_div(p.K, chunk);
     make_partials();
@@ -361,7 +366,7 @@ void run_reduce(const R& r, const ReducePlan& p) {
     int64_t bblocks = ceil_div(B4, bx);
     int64_t base = p.A * bblocks;
     int64_t target_blocks = int64_t{sms} * 8;
-    if (base < target_blocks)
+    if (base < target_blocks && p.K > kSplitMinK)
       split = std::max<int64_t>(1, std::min({ceil_div(target_blocks, base), ceil_div(p.K, int64_t{by} * 16), int64_t{65535}}));
     chunk = ceil_div(p.K, split);
     split = ceil_div(p.K, chunk);
@@ -377,7 +382,7 @@ void run_reduce(const R& r, const ReducePlan& p) {
     int64_t bblocks = ceil_div(p.B, bx);
     int64_t base = p.A * bblocks;
     int64_t target_blocks = int64_t{sms} * 8;
-    if (base < target_blocks)
+    if (base < target_blocks && p.K > kSplitMinK)
       split = std::max<int64_t>(1, std::min({ceil_div(target_blocks, base), ceil_div(p.K, int64_t{by} * 16), int64_t{65535}}));
     chunk = ceil_div(p.K, split);
     split = ceil_div(p.K, chunk);
