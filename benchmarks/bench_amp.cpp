@@ -6,6 +6,9 @@
 //   amp_train_fp16 / amp_train_bf16 / amp_train_fp32   us/step
 //   amp_fp16_vs_fp32                                   us/step, baseline: our float32 loop
 //   amp_train_fp16_peak_mib                            MiB (max_memory_allocated)
+//   amp_train_fp16_graph                               us/step, the float16 step captured once into
+//                                                      a tg::cuda::Graph and replayed (a fresh randn
+//                                                      batch copied into its input before each replay)
 //
 //   tg_bench_amp [--reps N] [--warmup N] [--only SUBSTRING]
 #include <tapegrad/tapegrad.h>
@@ -71,6 +74,52 @@ Result run_loop(const Options& o, std::optional<tg::DType> low) {
   return {median(us), static_cast<double>(tg::cuda::max_memory_allocated()) / (1024.0 * 1024.0)};
 }
 
+// The float16 loop with the step captured into a CUDA graph: warm-up steps eagerly on a
+// side stream, one capture, then each timed step is copy_(randn) into the graph's input + replay().
+double run_graph_loop(const Options& o) {
+  tg::cuda::synchronize();
+  tg::cuda::empty_cache();
+  tg::manual_seed(0);
+  const tg::Device dev(tg::kCUDA);
+  tg::cuda::Stream side;
+  tg::cuda::StreamGuard side_guard(side);
+  tg::nn::Linear model(kFeatures, kFeatures);
+  model.to(dev);
+  tg::optim::SGD opt(model.parameters(), {.lr = 1e-3});
+  tg::amp::GradScaler scaler;
+  tg::Tensor inp = tg::randn({kBatch, kFeatures}, dev);
+  auto train_step = [&] {
+    opt.zero_grad();
+    tg::Tensor loss;
+    {
+      tg::amp::autocast guard(tg::kCUDA, tg::kFloat16);
+      loss = model(inp).pow(2).mean();
+    }
+    scaler.scale(loss).backward();
+    scaler.step(opt);
+    scaler.update();
+  };
+  for (int i = 0; i < 3; ++i) train_step();
+  tg::cuda::Graph graph;
+  graph.capture(train_step);
+  auto step = [&] {
+    inp.copy_(tg::randn({kBatch, kFeatures}, dev));
+    graph.replay();
+  };
+  for (int i = 0; i < o.warmup * 10; ++i) step();
+  side.synchronize();
+  tg::cuda::Event start, end;
+  std::vector<double> us;
+  for (int r = 0; r < o.reps; ++r) {
+    start.record();
+    for (int i = 0; i < kSteps; ++i) step();
+    end.record();
+    end.synchronize();
+    us.push_back(start.elapsed_ms(end) * 1e3 / kSteps);
+  }
+  return median(us);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -97,6 +146,11 @@ int main(int argc, char** argv) {
       r32 = run_loop(o, std::nullopt);
       emit("amp_train_fp32", r32->us_per_step, "us/step", r32->us_per_step * kSteps * 1e-3,
            "\"peak_mib\": " + std::to_string(r32->peak_mib));
+    }
+    if (o.wants("amp_train_fp16_graph")) {
+      const double us = run_graph_loop(o);
+      emit("amp_train_fp16_graph", us, "us/step", us * kSteps * 1e-3,
+           "\"note\": \"one tg::cuda::Graph replay per step, input copied in first\"");
     }
     if (r16 && r32)
       emit("amp_fp16_vs_fp32", r16->us_per_step, "us/step", r16->us_per_step * kSteps * 1e-3,

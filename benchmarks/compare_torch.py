@@ -48,6 +48,11 @@ WORKLOADS = [
     ("amp_train_fp32", "train step fp32, no AMP (Linear 4096)", "lower", None),
     ("amp_fp16_vs_fp32", "AMP fp16 step vs our fp32 step", "lower", ("ratio", "<=", 1.0)),
     ("amp_train_fp16_peak_mib", "AMP fp16 peak GPU memory", "lower", ("ratio", "<=", 1.0)),
+    # CUDA graphs (#6): the AMP fp16 step above captured into a tg::cuda::Graph and replayed (tg_bench_amp), and
+    # the regression epoch captured whole and replayed once per epoch (tg_bench_overhead). Absolute targets, no
+    # PyTorch side.
+    ("amp_train_fp16_graph", "AMP fp16 step replayed as a CUDA graph", "lower", ("abs", "<=", 150.0)),
+    ("regression_epoch_graph", "regression epoch 1Mx64 as a CUDA graph", "lower", ("abs", "<=", 8.0)),
 ]
 
 

@@ -4,9 +4,13 @@
 // the final scale, the time per step and the peak GPU memory.
 //
 //   amp_train [--dtype fp16|bf16|off] [--cpu] [--steps N] [--warmup N] [--batch N] [--features N]
+//             [--cuda-graph]
 //
 // Defaults: fp16 on CUDA, 100 timed steps after 5 warm-up steps. --cpu trains on
 // the CPU (bfloat16 unless --dtype says otherwise; use fewer steps there).
+// --cuda-graph: after the warm-up steps (at least 3, on a side stream), one training
+// step is captured into a tg::cuda::Graph and the timed steps replay it. Each step's
+// fresh randn batch is copied into the input tensor the graph reads before the replay.
 #include <tapegrad/tapegrad.h>
 
 #include <chrono>
@@ -28,12 +32,13 @@ struct Args {
   int warmup = 5;
   int64_t batch = 256;
   int64_t features = 4096;
+  bool cuda_graph = false;
 };
 
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "%s\nusage: amp_train [--dtype fp16|bf16|off] [--cpu] [--steps N] [--warmup N] [--batch N] "
-               "[--features N]\n",
+               "[--features N] [--cuda-graph]\n",
                msg);
   std::exit(2);
 }
@@ -51,10 +56,13 @@ Args parse(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--warmup")) a.warmup = std::atoi(next("--warmup"));
     else if (!std::strcmp(argv[i], "--batch")) a.batch = std::atoll(next("--batch"));
     else if (!std::strcmp(argv[i], "--features")) a.features = std::atoll(next("--features"));
+    else if (!std::strcmp(argv[i], "--cuda-graph")) a.cuda_graph = true;
     else usage((std::string("unknown argument ") + argv[i]).c_str());
   }
   if (a.dtype != "" && a.dtype != "fp16" && a.dtype != "bf16" && a.dtype != "off") usage("--dtype: fp16, bf16 or off");
   if (a.steps < 1 || a.warmup < 0 || a.batch < 1 || a.features < 1) usage("sizes and counts must be positive");
+  if (a.cuda_graph && a.cpu) usage("--cuda-graph needs the GPU (drop --cpu)");
+  if (a.cuda_graph && a.warmup < 3) a.warmup = 3;  // eager warm-up on the capture stream before capturing
   return a;
 }
 
@@ -80,9 +88,17 @@ int main(int argc, char** argv) {
     tg::optim::SGD opt(model.parameters(), {.lr = 1e-3});
     tg::amp::GradScaler scaler({.enabled = amp_on});
 
-    tg::Tensor loss;
-    auto step = [&] {
-      auto inp = tg::randn({args.batch, args.features}, dev);
+    // With --cuda-graph everything runs on a side stream: capture cannot use the legacy
+    // default stream, and warming up on the capture stream lets the capture reuse cached memory.
+    std::optional<tg::cuda::Stream> side;
+    std::optional<tg::cuda::StreamGuard> side_guard;
+    if (args.cuda_graph) {
+      side.emplace();
+      side_guard.emplace(*side);
+    }
+
+    tg::Tensor loss, inp;
+    auto train_step = [&] {  // reads `inp`
       opt.zero_grad();
       {
         tg::amp::autocast guard(dev.type(), low, amp_on);
@@ -92,9 +108,25 @@ int main(int argc, char** argv) {
       scaler.step(opt);
       scaler.update();
     };
+    tg::cuda::Graph graph;
+    auto step = [&] {
+      if (graph.is_captured()) {
+        inp.copy_(tg::randn({args.batch, args.features}, dev));  // new data into the graph's input
+        graph.replay();
+      } else {
+        inp = tg::randn({args.batch, args.features}, dev);
+        train_step();
+      }
+    };
 
     for (int i = 0; i < args.warmup; ++i) step();
     const double first_loss = args.warmup > 0 ? loss.item<double>() : 0.0;
+    if (args.cuda_graph) {
+      // Records one step; nothing runs until replay(). `loss` is then the graph's output
+      // tensor, rewritten by every replay.
+      graph.capture(train_step);
+      std::printf("captured one training step: %zu graph nodes\n", graph.num_nodes());
+    }
     double ms = 0;
     if (on_gpu) {
       tg::cuda::synchronize();
@@ -113,9 +145,9 @@ int main(int argc, char** argv) {
     }
 
     const char* mode = !amp_on ? "float32" : tg::dtype_name(low.value_or(tg::amp::get_dtype(dev.type())));
-    std::printf("amp_train: Linear(%lld, %lld), batch %lld, %s on %s\n", static_cast<long long>(args.features),
+    std::printf("amp_train: Linear(%lld, %lld), batch %lld, %s on %s%s\n", static_cast<long long>(args.features),
                 static_cast<long long>(args.features), static_cast<long long>(args.batch), mode,
-                dev.str().c_str());
+                dev.str().c_str(), args.cuda_graph ? ", replaying a CUDA graph" : "");
     if (args.warmup > 0) std::printf("loss after warm-up %.6g, ", first_loss);
     std::printf("loss after %d more steps %.6g, scale %g\n", args.steps, loss.item<double>(), scaler.get_scale());
     std::printf("%d steps: %.3f ms total, %.1f us/step\n", args.steps, ms, ms * 1e3 / args.steps);

@@ -1,6 +1,7 @@
 // The umbrella header: everything in tapegrad's public API, namespace tg.
 #pragma once
 #include "core/cuda.h"
+#include "core/cuda_graph.h"
 #include "core/cuda_rtc.h"
 #include "core/device.h"
 #include "core/dlpack.h"

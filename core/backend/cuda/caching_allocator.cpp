@@ -7,12 +7,18 @@
 //    split stays cached; free neighbours merge back together;
 //  - a block used on other streams (record_stream) is reusable only once events
 //    recorded on those streams at free time have completed;
-//  - on out-of-memory the cache is released and the cudaMalloc retried once.
+//  - on out-of-memory the cache is released and the cudaMalloc retried once;
+//  - CUDA graphs (core/cuda_graph.h) get private pools: while a thread captures on a
+//    device, its allocations there come from the graph's pool and the blocks it frees
+//    stay in that pool, so replays never write into memory someone else was given.
+//    The pool's blocks return to the general cache when the graph is destroyed.
 // Also the public memory counters of core/cuda.h.
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -35,6 +41,13 @@ constexpr size_t kLargeSplitRemainder = 1 << 20;  // a large block splits only i
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+// The graph pool this thread is capturing into, per device (0: not capturing).
+constexpr int kMaxDevices = 64;
+thread_local std::array<uint64_t, kMaxDevices> tls_capture_pool{};
+uint64_t capture_pool_of_thread(int device) {
+  return device >= 0 && device < kMaxDevices ? tls_capture_pool[device] : 0;
+}
+
 struct Block {
   void* ptr = nullptr;
   size_t size = 0;
@@ -42,6 +55,7 @@ struct Block {
   int device = 0;
   bool small = false;
   bool allocated = false;
+  uint64_t pool = 0;       // 0: the general cache; otherwise the id of a graph-private pool
   int pending_events = 0;  // cross-stream uses not yet finished (after free)
   Block* prev = nullptr;   // neighbours inside the same segment
   Block* next = nullptr;
@@ -71,13 +85,26 @@ class DeviceAllocator {
     const size_t size = round_up(nbytes, kRound);
     const bool small = size <= kSmallSize;
     cudaStream_t stream = current_stream_handle(device_);
+    const uint64_t capture = capture_pool_of_thread(device_);
 
     std::lock_guard<std::mutex> lock(mu_);
-    if (!pending_.empty()) process_events();
-    FreeSet& pool = small ? small_free_ : large_free_;
-    Block* block = find_free(pool, stream, size);
-    if (!block) block = new_segment(size, small, stream);
-    if (should_split(block, size)) split(block, size, pool);
+    Block* block = nullptr;
+    if (capture) {
+      // No event queries while capturing (they may conflict with the capture).
+      block = find_free(free_set(capture, small), stream, size);
+      if (!block) {
+        // A cached block of the capture stream is idle (capture_begin synchronised the
+        // device), so the graph's pool may take it over until the graph dies.
+        block = find_free(small ? small_free_ : large_free_, stream, size);
+        if (block) block->pool = capture;
+      }
+      if (!block) block = new_segment(size, small, stream, capture);
+    } else {
+      if (!pending_.empty()) process_events();
+      block = find_free(small ? small_free_ : large_free_, stream, size);
+      if (!block) block = new_segment(size, small, stream, 0);
+    }
+    if (should_split(block, size)) split(block, size, free_set(block->pool, small));
     block->allocated = true;
     allocated_ += block->size;
     if (allocated_ > peak_) peak_ = allocated_;
@@ -85,9 +112,19 @@ class DeviceAllocator {
   }
 
   void free(Block* block) {
+    const uint64_t capture = capture_pool_of_thread(device_);
     std::lock_guard<std::mutex> lock(mu_);
     block->allocated = false;
     allocated_ -= block->size;
+    if (capture) {
+      // Freed by the capturing thread: captured kernels may still touch this memory at
+      // every replay, so it stays with the graph (no events: the capture is one stream,
+      // and other streams' earlier uses ended when capture_begin synchronised).
+      block->stream_uses.clear();
+      if (block->pool == 0) block->pool = capture;
+      release_to_pool(block);
+      return;
+    }
     if (!block->stream_uses.empty()) {
       // Used on other streams: the memory is reusable only after their queued work ends.
       DeviceGuard g(device_);
@@ -115,6 +152,37 @@ class DeviceAllocator {
     std::lock_guard<std::mutex> lock(mu_);
     DeviceGuard g(device_);
     release_cached();
+  }
+
+  uint64_t create_graph_pool() {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t id = next_pool_id_++;
+    graph_pools_[id];
+    return id;
+  }
+
+  // Returns a dead graph's memory to the general cache. The caller synchronised the
+  // device, so no replay still uses it. Blocks still held by tensors join the general
+  // cache when those tensors die.
+  void release_graph_pool(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = graph_pools_.find(id);
+    if (it == graph_pools_.end()) return;
+    std::vector<Block*> cached;
+    for (Block& b : block_storage_) {
+      if (!b.ptr || b.pool != id) continue;
+      if (b.allocated || b.pending_events > 0)
+        b.pool = 0;
+      else
+        cached.push_back(&b);
+    }
+    graph_pools_.erase(it);
+    // One at a time: a block still tagged with the pool never merges, so none is
+    // recycled before its turn.
+    for (Block* b : cached) {
+      b->pool = 0;
+      release_to_pool(b);
+    }
   }
 
   size_t allocated() {
@@ -164,6 +232,7 @@ class DeviceAllocator {
     rest->stream = b->stream;
     rest->device = b->device;
     rest->small = b->small;
+    rest->pool = b->pool;
     rest->prev = b;
     rest->next = b->next;
     if (b->next) b->next->prev = rest;
@@ -172,12 +241,23 @@ class DeviceAllocator {
     pool.insert(rest);
   }
 
-  // A neighbour can merge only when it is cached (free with no pending event).
-  static bool mergeable(const Block* n) { return n && !n->allocated && n->pending_events == 0; }
+  // A neighbour can merge only when it is cached (free with no pending event) in the same pool.
+  static bool mergeable(const Block* b, const Block* n) {
+    return n && !n->allocated && n->pending_events == 0 && n->pool == b->pool;
+  }
+
+  // The free set of the general cache (pool 0) or of a live graph pool.
+  FreeSet& free_set(uint64_t pool, bool small) {
+    if (pool == 0) return small ? small_free_ : large_free_;
+    auto it = graph_pools_.find(pool);
+    TG_CHECK(it != graph_pools_.end(), "CUDA caching allocator: graph memory pool ", pool, " of device ", device_,
+             " does not exist (the tg::cuda::Graph was destroyed?)");
+    return small ? it->second.small_free : it->second.large_free;
+  }
 
   void release_to_pool(Block* b) {
-    FreeSet& pool = b->small ? small_free_ : large_free_;
-    if (mergeable(b->prev)) {
+    FreeSet& pool = free_set(b->pool, b->small);
+    if (mergeable(b, b->prev)) {
       Block* p = b->prev;
       pool.erase(p);
       p->size += b->size;
@@ -186,7 +266,7 @@ class DeviceAllocator {
       recycle(b);
       b = p;
     }
-    if (mergeable(b->next)) {
+    if (mergeable(b, b->next)) {
       Block* n = b->next;
       pool.erase(n);
       b->size += n->size;
@@ -197,10 +277,39 @@ class DeviceAllocator {
     pool.insert(b);
   }
 
-  Block* new_segment(size_t size, bool small, cudaStream_t stream) {
+  Block* new_segment(size_t size, bool small, cudaStream_t stream, uint64_t pool) {
     size_t seg = small ? kSmallSegment : (size < kMinLargeAlloc ? kLargeSegment : round_up(size, kSegmentRound));
     DeviceGuard g(device_);
     void* ptr = nullptr;
+    if (pool) {
+      // cudaMalloc is not a stream operation, so a capture would refuse it: the thread
+      // switches to the relaxed capture mode for this one call. The segment belongs to
+      // the graph's pool until the graph dies, which keeps its replays valid.
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      TG_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+      const cudaError_t err = cudaMalloc(&ptr, seg);
+      const cudaError_t restore = cudaThreadExchangeStreamCaptureMode(&mode);
+      if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        TG_CHECK(err != cudaErrorMemoryAllocation, "CUDA out of memory during CUDA graph capture: tried to allocate ",
+                 size, " bytes (", mib(size), ") on device ", device_, "; ", allocated_, " bytes allocated, ",
+                 reserved_, " bytes reserved (the cache cannot be released while capturing)");
+        TG_CUDA_CHECK(err);
+      }
+      if (restore != cudaSuccess) {
+        (void)cudaFree(ptr);
+        TG_CUDA_CHECK(restore);
+      }
+      reserved_ += seg;
+      Block* b = make_block();
+      b->ptr = ptr;
+      b->size = seg;
+      b->stream = stream;
+      b->device = device_;
+      b->small = small;
+      b->pool = pool;
+      return b;
+    }
     cudaError_t err = cudaMalloc(&ptr, seg);
     if (err == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
@@ -296,6 +405,11 @@ class DeviceAllocator {
   std::deque<PendingEvent> pending_;
   std::vector<cudaEvent_t> spare_events_;
   size_t allocated_ = 0, peak_ = 0, reserved_ = 0;
+  struct GraphPool {
+    FreeSet small_free, large_free;
+  };
+  std::map<uint64_t, GraphPool> graph_pools_;
+  uint64_t next_pool_id_ = 1;
 };
 
 // One allocator per device, created once. Never destroyed: tensors held in
@@ -344,6 +458,27 @@ void record_stream(const DataPtr& ptr, cudaStream_t stream) {
   if (ptr.deleter() != &free_block_deleter || !ptr.context()) return;
   auto* block = static_cast<Block*>(ptr.context());
   allocators()[block->device]->record_stream(block, stream);
+}
+
+uint64_t graph_pool_create(int device) {
+  return allocator_for(resolve(device), "tg::cuda::Graph").create_graph_pool();
+}
+
+void graph_pool_capture_begin(int device, uint64_t pool) {
+  device = resolve(device);
+  (void)allocator_for(device, "tg::cuda::Graph::capture_begin");
+  TG_CHECK(device < kMaxDevices, "tg::cuda::Graph::capture_begin: device ", device, " out of range");
+  TG_CHECK(tls_capture_pool[device] == 0, "tg::cuda::Graph::capture_begin: this thread is already capturing on cuda:",
+           device);
+  tls_capture_pool[device] = pool;
+}
+
+void graph_pool_capture_end(int device) {
+  if (device >= 0 && device < kMaxDevices) tls_capture_pool[device] = 0;
+}
+
+void graph_pool_release(int device, uint64_t pool) {
+  allocator_for(resolve(device), "tg::cuda::Graph").release_graph_pool(pool);
 }
 
 }  // namespace detail

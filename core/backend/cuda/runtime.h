@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "core/error.h"
@@ -55,6 +56,15 @@ cudaStream_t current_stream_handle(int device);
 DataPtr device_allocate(size_t nbytes, int device);
 // Record that a block is used on another stream (so it is not reused before that work ends).
 void record_stream(const DataPtr& ptr, cudaStream_t stream);
+
+// Graph-private pools of the caching allocator (used by tg::cuda::Graph). Between
+// capture_begin and capture_end, this thread's allocations on `device` come from
+// `pool`, and the blocks it frees stay there. release hands a dead graph's memory
+// back to the general cache; call it only once no replay can still be running.
+uint64_t graph_pool_create(int device);
+void graph_pool_capture_begin(int device, uint64_t pool);
+void graph_pool_capture_end(int device);
+void graph_pool_release(int device, uint64_t pool);
 
 // Caching host allocator: pinned memory when a GPU is present (so copies run at
 // DMA speed), plain aligned memory otherwise; freed blocks are reused.

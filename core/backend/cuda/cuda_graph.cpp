@@ -1,0 +1,279 @@
+// tg::cuda::Graph (core/cuda_graph.h): stream capture into a cudaGraph_t,
+// instantiation and replay, with a graph-private memory pool in the caching
+// allocator that lives exactly as long as the captured graph.
+#include "core/cuda_graph.h"
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "core/backend/cuda/runtime.h"
+#include "core/cuda.h"
+#include "core/error.h"
+
+namespace tg::cuda {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+// One side stream per device for captures begun on the legacy default stream, which
+// cannot be captured. Never destroyed: the allocator and the cuBLAS workspace table
+// keep cached state keyed by the stream handle.
+cudaStream_t internal_capture_stream(int device) {
+  TG_CHECK(device >= 0 && device < kMaxDevices, "tg::cuda::Graph: device ", device, " out of range");
+  static std::array<cudaStream_t, kMaxDevices> streams{};
+  static std::array<std::once_flag, kMaxDevices> once;
+  std::call_once(once[device], [device] {
+    detail::DeviceGuard g(device);
+    cudaStream_t s = nullptr;
+    TG_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    streams[device] = s;
+  });
+  return streams[device];
+}
+
+bool is_legacy(cudaStream_t s) { return s == nullptr || s == cudaStreamLegacy; }
+
+void set_stream(int device, cudaStream_t s) { set_current_stream(Stream::wrap(s, device)); }
+
+void warn(const std::string& what) { ::tg::detail::log_warning("tg::cuda::Graph: " + what); }
+
+// Everything a Graph owns; the methods below keep it consistent.
+struct GraphState {
+  int device = -1;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  uint64_t pool = 0;  // the allocator's graph pool (0: none)
+  bool capturing = false;
+  cudaStream_t stream = nullptr;       // the capture stream
+  bool switched = false;               // the capture replaced the legacy default stream...
+  cudaStream_t prev_stream = nullptr;  // ...which is restored at the end
+  std::thread::id thread;              // the capturing thread
+
+  // Routes allocations back to the general cache and restores the current stream. Never throws.
+  void leave_capture() noexcept {
+    detail::graph_pool_capture_end(device);
+    if (switched) {
+      try {
+        set_stream(device, prev_stream);
+      } catch (const std::exception& e) {
+        warn(std::string("could not restore the current stream: ") + e.what());
+      }
+    }
+    capturing = false;
+    switched = false;
+  }
+
+  // Ends an unfinished capture and throws its graph away. Never throws.
+  void abort_capture() noexcept {
+    if (!capturing) return;
+    cudaGraph_t g = nullptr;
+    const cudaError_t err = cudaStreamEndCapture(stream, &g);
+    if (g) (void)cudaGraphDestroy(g);
+    if (err != cudaSuccess) (void)cudaGetLastError();  // an invalidated capture reports here; that is expected
+    if (err == cudaErrorStreamCaptureWrongThread)
+      warn("the capture was begun by another thread and could not be ended here");
+    leave_capture();
+  }
+
+  // Drops the graph and hands its pool back. Replays may still run, so the device is
+  // synchronised first; when that fails the pool stays reserved (never reused while in use).
+  void drop() {
+    abort_capture();
+    if (!exec && !graph && !pool) return;
+    detail::DeviceGuard g(device);
+    TG_CUDA_CHECK(cudaDeviceSynchronize());
+    if (exec) {
+      cudaGraphExec_t e = std::exchange(exec, nullptr);
+      TG_CUDA_CHECK(cudaGraphExecDestroy(e));
+    }
+    if (graph) {
+      cudaGraph_t gr = std::exchange(graph, nullptr);
+      TG_CUDA_CHECK(cudaGraphDestroy(gr));
+    }
+    if (pool) detail::graph_pool_release(device, std::exchange(pool, 0));
+  }
+
+  // drop() for failure paths and destructors: logs instead of throwing.
+  void drop_quietly() noexcept {
+    try {
+      drop();
+    } catch (const std::exception& e) {
+      warn(std::string("releasing the graph failed (its memory stays reserved): ") + e.what());
+      exec = nullptr;
+      graph = nullptr;
+      pool = 0;
+    }
+  }
+};
+
+}  // namespace
+
+struct Graph::Impl : GraphState {};
+
+Graph::Graph() : impl_(std::make_unique<Impl>()) {}
+
+Graph::~Graph() {
+  if (impl_) impl_->drop_quietly();
+}
+
+Graph::Graph(Graph&& o) noexcept : impl_(std::move(o.impl_)) {}
+
+Graph& Graph::operator=(Graph&& o) noexcept {
+  if (this != &o) {
+    if (impl_) impl_->drop_quietly();
+    impl_ = std::move(o.impl_);
+  }
+  return *this;
+}
+
+void Graph::capture_begin() {
+  TG_CHECK(is_available(), "tg::cuda::Graph::capture_begin: no CUDA device available");
+  if (!impl_) impl_ = std::make_unique<Impl>();  // a moved-from Graph is usable again
+  Impl& m = *impl_;
+  TG_CHECK(!m.capturing, "tg::cuda::Graph::capture_begin: already capturing on cuda:", m.device,
+           "; call capture_end() first");
+  TG_CHECK(!m.exec, "tg::cuda::Graph::capture_begin: this Graph already holds a captured graph (cuda:", m.device,
+           "); call reset() first or use another Graph");
+
+  const int device = current_device();
+  const cudaStream_t current = detail::current_stream_handle(device);
+  const bool switched = is_legacy(current);
+  const cudaStream_t stream = switched ? internal_capture_stream(device) : current;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  TG_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  TG_CHECK(status == cudaStreamCaptureStatusNone, "tg::cuda::Graph::capture_begin: the ",
+           switched ? "internal capture stream" : "current stream", " of cuda:", device,
+           " is already capturing (another Graph or thread?)",
+           switched ? "; make a tg::cuda::Stream current with tg::cuda::StreamGuard for this capture" : "");
+
+  if (switched) set_stream(device, stream);
+  uint64_t pool = 0;
+  bool routed = false;
+  try {
+    // State that cannot be created under capture: the cuBLAS handles and this stream's workspace.
+    (void)detail::cublas_handle(device);
+    (void)detail::cublaslt_handle(device);
+    (void)detail::cublas_workspace(device, nullptr);
+    // Queued work finishes first, so memory freed before the capture and cached blocks the
+    // graph's pool takes over are idle.
+    TG_CUDA_CHECK(cudaDeviceSynchronize());
+    pool = detail::graph_pool_create(device);
+    detail::graph_pool_capture_begin(device, pool);
+    routed = true;
+    TG_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  } catch (...) {
+    if (routed) detail::graph_pool_capture_end(device);
+    if (pool) {
+      try {
+        detail::graph_pool_release(device, pool);
+      } catch (const std::exception& e) {
+        warn(e.what());
+      }
+    }
+    if (switched) {
+      try {
+        set_stream(device, current);
+      } catch (const std::exception& e) {
+        warn(e.what());
+      }
+    }
+    throw;
+  }
+  m.device = device;
+  m.stream = stream;
+  m.switched = switched;
+  m.prev_stream = current;
+  m.pool = pool;
+  m.capturing = true;
+  m.thread = std::this_thread::get_id();
+}
+
+void Graph::capture_end() {
+  TG_CHECK(impl_ && impl_->capturing, "tg::cuda::Graph::capture_end: not capturing (call capture_begin() first)");
+  Impl& m = *impl_;
+  TG_CHECK(m.thread == std::this_thread::get_id(),
+           "tg::cuda::Graph::capture_end: must be called by the thread that began the capture");
+  const int device = m.device;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t err = cudaStreamEndCapture(m.stream, &graph);
+  m.leave_capture();
+  if (err != cudaSuccess || !graph) {
+    (void)cudaGetLastError();
+    if (graph) (void)cudaGraphDestroy(graph);
+    m.drop_quietly();
+    TG_ERROR("tg::cuda::Graph::capture_end: the capture on cuda:", device, " failed: ", cudaGetErrorString(err), " (",
+             cudaGetErrorName(err),
+             "). A call that is not allowed while capturing ran in the captured region: a host synchronisation "
+             "(item(), cpu(), to_vector(), printing a CUDA tensor, a Stream/Event synchronize), a blocking copy, or "
+             "work on another stream that was not joined back to the capture stream");
+  }
+  m.graph = graph;
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  if (inst != cudaSuccess) {
+    (void)cudaGetLastError();
+    m.drop_quietly();
+    TG_ERROR("tg::cuda::Graph::capture_end: cudaGraphInstantiate failed on cuda:", device, ": ",
+             cudaGetErrorString(inst), " (", cudaGetErrorName(inst), ")");
+  }
+  m.exec = exec;
+  // Uploading now keeps that one-time cost out of the first replay.
+  detail::DeviceGuard g(device);
+  TG_CUDA_CHECK(cudaGraphUpload(exec, m.stream));
+}
+
+void Graph::capture(const std::function<void()>& fn) {
+  TG_CHECK(static_cast<bool>(fn), "tg::cuda::Graph::capture: empty function");
+  capture_begin();
+  Impl& m = *impl_;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    const int device = m.device;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const bool invalidated =
+        cudaStreamIsCapturing(m.stream, &status) == cudaSuccess && status == cudaStreamCaptureStatusInvalidated;
+    (void)cudaGetLastError();
+    m.drop_quietly();
+    TG_ERROR("tg::cuda::Graph::capture: the captured work failed on cuda:", device, " and the capture was discarded",
+             invalidated ? " (a call not allowed while capturing broke it: a host synchronisation such as item(), "
+                           "cpu(), to_vector() or printing a CUDA tensor, or a blocking copy)"
+                         : "",
+             ". Cause: ", e.what());
+  } catch (...) {
+    m.drop_quietly();
+    throw;
+  }
+  capture_end();
+}
+
+void Graph::replay() {
+  TG_CHECK(!is_capturing(), "tg::cuda::Graph::replay: still capturing; call capture_end() first");
+  TG_CHECK(is_captured(), "tg::cuda::Graph::replay: nothing captured (call capture() first)");
+  Impl& m = *impl_;
+  detail::DeviceGuard g(m.device);
+  TG_CUDA_CHECK(cudaGraphLaunch(m.exec, detail::current_stream_handle(m.device)));
+}
+
+void Graph::reset() {
+  if (impl_) impl_->drop();
+}
+
+bool Graph::is_captured() const { return impl_ && impl_->exec; }
+bool Graph::is_capturing() const { return impl_ && impl_->capturing; }
+int Graph::device() const { return impl_ ? impl_->device : -1; }
+
+size_t Graph::num_nodes() const {
+  if (!impl_ || !impl_->graph) return 0;
+  size_t n = 0;
+  TG_CUDA_CHECK(cudaGraphGetNodes(impl_->graph, nullptr, &n));
+  return n;
+}
+
+}  // namespace tg::cuda
