@@ -21,6 +21,8 @@
 //    (static_x.copy_(batch)) before replay(). Host values are frozen into the graph:
 //    scalars, shapes, pointers, and the random-number offsets of tg::rand / randn /
 //    randperm called inside the step repeat identically at every replay.
+//  - index_select skips its bounds check (a read-back of the indices) while capturing:
+//    indices must be valid, as inside any replayed step.
 //  - The step must not wait for the GPU (item(), cpu(), to_vector(), printing a CUDA
 //    tensor, blocking copies): such a call breaks the capture and capture() throws a
 //    tg::Error naming it; the allocator and streams keep working afterwards.

@@ -64,6 +64,12 @@ DeviceGuard::~DeviceGuard() {
   }
 }
 
+bool current_stream_capturing(int device) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  TG_CUDA_CHECK(cudaStreamIsCapturing(current_stream_handle(device), &st));
+  return st != cudaStreamCaptureStatusNone;
+}
+
 cudaStream_t current_stream_handle(int device) {
   if (device < 0) TG_CUDA_CHECK(cudaGetDevice(&device));
   TG_CHECK(device < kMaxDevices, "current_stream: device ", device, " out of range");

@@ -51,6 +51,9 @@ class DeviceGuard {
 };
 
 cudaStream_t current_stream_handle(int device);
+// Whether the current stream of `device` is being captured into a CUDA graph (then nothing
+// may synchronise with the host, so host-side checks that read device data are skipped).
+bool current_stream_capturing(int device);
 
 // Stream-aware caching device allocator (one per device).
 DataPtr device_allocate(size_t nbytes, int device);
