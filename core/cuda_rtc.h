@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <concepts>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -125,15 +126,41 @@ class RawKernel {
   std::shared_ptr<detail::CompiledKernel> kernel_;
 };
 
+// One input of an ElementwiseKernel call: a tensor, or a scalar for a non-raw
+// input (passed to the kernel by value, converted to the declared type, like a
+// Python scalar given to a cupy.ElementwiseKernel).
+struct KernelInput {
+  KernelInput(const Tensor& t) : tensor(t) {}  // NOLINT: implicit on purpose
+  template <typename T>
+    requires std::is_arithmetic_v<T>
+  KernelInput(T v)  // NOLINT: implicit on purpose
+      : is_scalar(true) {
+    if constexpr (std::is_same_v<T, bool>) scalar = Scalar(v);
+    else if constexpr (std::is_floating_point_v<T>) scalar = Scalar(static_cast<double>(v));
+    else scalar = Scalar(static_cast<long long>(v));
+  }
+  Tensor tensor;
+  Scalar scalar;
+  bool is_scalar = false;
+};
+
 // An elementwise kernel generated from parameter lists and a body, like
 // cupy.ElementwiseKernel: in_params "double a, double b", out_params
 // "double c", body "c = a * b" (run once per element; `i` is the flat index
 // and `n` the element count). Types: float, double, int, long long / int64,
-// bool, half / __half, bfloat16. Inputs broadcast against each other and must
-// have the declared dtypes; outputs take the broadcast shape and are allocated
-// when not given. When every input is a CPU tensor, they are copied to the
-// current GPU and the outputs copied back (numba's @vectorize(target='cuda')).
-// The kernel compiles on first use.
+// bool, half / __half, bfloat16.
+// - Inputs broadcast against each other and must have the declared dtypes;
+//   outputs take the broadcast shape and are allocated when not given.
+// - A non-raw input may be given a scalar instead of a tensor (k(x, 2.5f)):
+//   it is passed by value, converted to the declared type (a non-integral
+//   value for an integer parameter is an error).
+// - "raw T name" declares an array the body indexes itself (name[j], name.size()),
+//   as in CuPy: it takes no part in broadcasting, is passed whole (made dense),
+//   and a raw output must be given. The loop runs over the broadcast shape of
+//   the non-raw tensors, so at least one non-raw tensor input or output is needed.
+// When every tensor is on the CPU, they are copied to the current GPU and the
+// outputs copied back (numba's @vectorize(target='cuda')). Kernels compile on
+// first use, once per pattern of scalar and tensor inputs.
 class ElementwiseKernel {
  public:
   ElementwiseKernel(std::string in_params, std::string out_params, std::string body,
@@ -141,15 +168,21 @@ class ElementwiseKernel {
 
   // One output: returns it.
   template <typename... Ts>
-    requires(std::is_convertible_v<const Ts&, const Tensor&> && ...)
+    requires((std::is_convertible_v<const Ts&, const Tensor&> || std::is_arithmetic_v<Ts>) && ...)
   Tensor operator()(const Ts&... inputs) const {
-    return single(call(std::vector<Tensor>{inputs...}));
+    return single(call(std::vector<KernelInput>{KernelInput(inputs)...}));
   }
   // Any number of outputs; pass some or all (in order) to write into them.
-  std::vector<Tensor> call(const std::vector<Tensor>& inputs, std::vector<Tensor> outputs = {}) const;
+  std::vector<Tensor> call(const std::vector<KernelInput>& inputs, std::vector<Tensor> outputs = {}) const;
+  std::vector<Tensor> call(std::initializer_list<KernelInput> inputs, std::vector<Tensor> outputs = {}) const {
+    return call(std::vector<KernelInput>(inputs), std::move(outputs));
+  }
+  std::vector<Tensor> call(const std::vector<Tensor>& inputs, std::vector<Tensor> outputs = {}) const {
+    return call(std::vector<KernelInput>(inputs.begin(), inputs.end()), std::move(outputs));
+  }
 
   const std::string& name() const { return name_; }
-  // The generated CUDA source (for reading and debugging).
+  // The generated CUDA source for tensor inputs (for reading and debugging).
   const std::string& source() const;
 
  private:

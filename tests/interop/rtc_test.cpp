@@ -3,6 +3,7 @@
 // (a corrupt cache file is ignored), and ElementwiseKernel with broadcasting,
 // dtypes, given outputs and host tensors. Everything but parsing needs a GPU
 // (and a build without CUDA throws on construction).
+#include <cmath>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -201,7 +202,9 @@ TEST(ElementwiseKernel, ParseErrors) {
   EXPECT_THROW(tg::cuda::ElementwiseKernel("complex a", "double c", "c = a", "k"), tg::Error);
   EXPECT_THROW(tg::cuda::ElementwiseKernel("double a, double a", "double c", "c = a", "k"), tg::Error);
   EXPECT_THROW(tg::cuda::ElementwiseKernel("double", "double c", "c = 1", "k"), tg::Error);
-  EXPECT_THROW(tg::cuda::ElementwiseKernel("raw double a", "double c", "c = a[0]", "k"), tg::Error);
+  EXPECT_THROW(tg::cuda::ElementwiseKernel("raw a", "double c", "c = 1", "k"), tg::Error);  // raw needs a type
+  tg::cuda::ElementwiseKernel rev("raw double a", "double c", "c = a[a.size() - 1 - i]", "k");
+  EXPECT_NE(rev.source().find("_tg_raw<const double> a"), std::string::npos) << rev.source();
   EXPECT_THROW(tg::cuda::ElementwiseKernel("double a", "double c", "c = a", "not a name"), tg::Error);
 }
 
@@ -276,6 +279,76 @@ TEST(ElementwiseKernel, HalfAndBFloat16) {
   Tensor got = bf(c);
   EXPECT_EQ(got.dtype(), tg::kFloat32);
   expect_near(host(got), host(c.to(tg::kFloat32) * 0.5), 0);
+}
+
+TEST(ElementwiseKernel, ScalarInputsArePassedByValue) {
+  TG_REQUIRE_CUDA();
+  // cupy's saxpy: z = a * x + y with a a scalar.
+  tg::cuda::ElementwiseKernel saxpy("float a, float x, float y", "float z", "z = a * x + y", "saxpy");
+  auto o = tg::TensorOptions().device(tg::kCUDA);
+  Tensor x = tg::randn({1000}, o), y = tg::randn({1000}, o);
+  const int64_t compiled = tg::cuda::detail::rtc_compile_count();
+  Tensor z = saxpy(2.5f, x, y);
+  auto xs = host(x), ys = host(y), zs = host(z);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    // a float multiply-add: fused (NVRTC contracts a * x + y by default) or rounded twice
+    const float xf = static_cast<float>(xs[i]), yf = static_cast<float>(ys[i]), got = static_cast<float>(zs[i]);
+    ASSERT_TRUE(got == std::fma(2.5f, xf, yf) || got == 2.5f * xf + yf) << i << ": " << got;
+  }
+  // The same scalar pattern reuses its kernel; a tensor `a` (0-d, broadcast) is another kernel.
+  saxpy(-1.0, x, y);
+  Tensor z2 = saxpy(tg::full({}, 2.5, o), x, y);
+  expect_near(host(z2), zs, 0);
+  EXPECT_LE(tg::cuda::detail::rtc_compile_count() - compiled, 2);
+  // Integer parameters take integral scalars only.
+  tg::cuda::ElementwiseKernel shift("long long k, long long v", "long long w", "w = v + k * i", "shift");
+  Tensor v = tg::arange(10, o.dtype(tg::kInt64));
+  auto ws = host(shift(int64_t{3}, v));
+  for (int64_t i = 0; i < 10; ++i) EXPECT_EQ(ws[i], static_cast<double>(i + 3 * i));
+  EXPECT_EQ(host(shift(2.0, v))[1], 3.0);
+  EXPECT_THROW(shift(2.5, v), tg::Error);
+  // Only scalars: the loop size must come from a given output.
+  Tensor out = tg::empty({4}, o.dtype(tg::kInt64));
+  shift.call({int64_t{1}, int64_t{7}}, {out});
+  expect_near(host(out), {7, 8, 9, 10}, 0);
+  EXPECT_THROW(shift(int64_t{1}, int64_t{7}), tg::Error);
+}
+
+TEST(ElementwiseKernel, RawParametersIndexWholeArrays) {
+  TG_REQUIRE_CUDA();
+  auto o = tg::TensorOptions().device(tg::kCUDA).dtype(tg::kFloat64);
+  // Reverse through a raw input: the loop runs over the given output's shape.
+  tg::cuda::ElementwiseKernel rev("raw double x", "double y", "y = x[x.size() - 1 - i]", "reverse");
+  Tensor x = tg::randn({37}, o);
+  Tensor y = tg::empty({37}, o);
+  rev.call({x}, {y});
+  auto xs = host(x), ys = host(y);
+  for (size_t i = 0; i < xs.size(); ++i) ASSERT_EQ(ys[i], xs[xs.size() - 1 - i]) << i;
+  // A non-contiguous raw input is passed dense, in logical order.
+  Tensor m = tg::randn({5, 6}, o);
+  Tensor mt = m.t();
+  Tensor flat = tg::empty({30}, o);
+  tg::cuda::ElementwiseKernel copy_raw("raw double s", "double d", "d = s[i]", "copy_raw");
+  copy_raw.call({mt}, {flat});
+  expect_near(host(flat), host(mt.contiguous().reshape({30})), 0);
+  // A gather: non-raw index input broadcast-free, raw table.
+  tg::cuda::ElementwiseKernel take("raw double table, long long idx", "double out", "out = table[idx]", "take");
+  Tensor table = tg::randn({100}, o);
+  Tensor idx = tg::randperm(100, tg::TensorOptions().device(tg::kCUDA).dtype(tg::kInt64)).slice(0, 0, 20);
+  Tensor got = take(table, idx);
+  expect_near(host(got), host(table.index_select(0, idx)), 0);
+  // A raw output (a histogram with atomics); it must be given.
+  tg::cuda::ElementwiseKernel hist("int v", "raw int counts", "atomicAdd(&counts[v], 1)", "hist");
+  std::vector<int32_t> hv(1000);
+  for (int i = 0; i < 1000; ++i) hv[i] = i % 7;
+  Tensor vals = tg::tensor(hv).cuda();
+  Tensor counts = tg::zeros({7}, tg::TensorOptions().device(tg::kCUDA).dtype(tg::kInt32));
+  hist.call({vals}, {counts});
+  auto cs = host(counts);
+  for (int b = 0; b < 7; ++b) EXPECT_EQ(cs[b], b < 1000 % 7 ? 143 : 142) << b;
+  EXPECT_THROW(hist(vals), tg::Error);                     // raw output not given
+  EXPECT_THROW(rev.call({x}), tg::Error);                  // no loop size
+  EXPECT_THROW(take(2.0, idx), tg::Error);                 // a scalar for a raw input
 }
 
 TEST(ElementwiseKernel, HostTensorsRoundTrip) {

@@ -34,7 +34,7 @@ ElementwiseKernel::ElementwiseKernel(std::string, std::string, std::string, std:
 }
 const std::string& ElementwiseKernel::source() const { return state_->source; }
 Tensor ElementwiseKernel::single(std::vector<Tensor>) const { no_rtc("ElementwiseKernel"); }
-std::vector<Tensor> ElementwiseKernel::call(const std::vector<Tensor>&, std::vector<Tensor>) const {
+std::vector<Tensor> ElementwiseKernel::call(const std::vector<KernelInput>&, std::vector<Tensor>) const {
   no_rtc("ElementwiseKernel");
 }
 
