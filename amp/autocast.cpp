@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "amp/hook.h"
+#include "amp/shadow.h"
 #include "autograd/autograd.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -52,9 +53,11 @@ bool is_cacheable(const Tensor& t, DType to) {
 // order and viewed back, so the copy reads and writes straight through memory and
 // the result keeps the layout (matmul takes a transposed operand for free), where
 // Tensor::to would make a transposing copy. Differentiable: permute is a view op.
+// The dense cast of a parameter's memory reuses its shadow when valid (amp/shadow.h).
 Tensor cast_dense(const Tensor& t, DType to) {
   const int64_t nd = t.dim();
-  if (t.is_contiguous() || nd < 2) return t.to(to);
+  if (t.is_contiguous()) return detail::shadow_cast(t, to);
+  if (nd < 2) return t.to(to);
   std::vector<int64_t> perm(static_cast<size_t>(nd));
   for (int64_t i = 0; i < nd; ++i) perm[i] = i;
   std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
@@ -66,7 +69,7 @@ Tensor cast_dense(const Tensor& t, DType to) {
   }
   Shape fwd(perm), inv(perm);
   for (int64_t i = 0; i < nd; ++i) inv[perm[i]] = i;
-  return t.permute(fwd).to(to).permute(inv);
+  return detail::shadow_cast(t.permute(fwd), to).permute(inv);
 }
 
 Tensor cast_to(const Tensor& t, DType to) {
@@ -78,8 +81,9 @@ Tensor cast_to(const Tensor& t, DType to) {
     ++c.hits;
     return it->second.cast;
   }
-  ++c.misses;
-  Tensor cast = t.to(to);
+  bool reused = false;
+  Tensor cast = t.is_contiguous() ? detail::shadow_cast(t, to, &reused) : t.to(to);
+  if (!reused) ++c.misses;  // a reused shadow is no new cast
   c.entries[key] = CacheEntry{t, t.version(), cast};
   return cast;
 }
@@ -132,7 +136,10 @@ Autocast::~Autocast() {
     s.enabled_mask = static_cast<uint8_t>(s.enabled_mask | device_bit(device_));
   else
     s.enabled_mask = static_cast<uint8_t>(s.enabled_mask & ~device_bit(device_));
-  if (--s.nesting == 0) tls_cache.entries.clear();  // releases the cached casts (no throw: plain frees)
+  if (--s.nesting == 0) {
+    tls_cache.entries.clear();  // releases the cached casts (no throw: plain frees)
+    detail::purge_dead_shadows();  // shadows of parameters that no longer exist
+  }
 }
 
 namespace detail {

@@ -56,6 +56,8 @@ using autocast = Autocast;
 namespace detail {
 // The weight-cast cache: inside the outermost autocast region, the lowered copy of a
 // float32 leaf that requires grad is made once per (tensor, version, dtype, grad mode).
+// Across regions, CUDA parameters keep a shadow copy that the fused optimizer steps
+// update (amp/shadow.h): a reused shadow is counted there, not as a miss here.
 int64_t cast_cache_misses();  // casts made for cacheable tensors since the last reset
 int64_t cast_cache_hits();
 int64_t cast_cache_size();    // entries held now

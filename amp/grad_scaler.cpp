@@ -46,11 +46,18 @@ void cpu_check_and_unscale(const std::vector<Tensor>& grads, const Tensor& found
   if (bad.load()) *static_cast<float*>(found_inf.data_ptr()) = 1.f;
 }
 
-void cpu_update_scale(const Tensor& scale, const Tensor& tracker, const Tensor& found_inf, double growth,
-                      double backoff, int64_t interval) {
+// Like the CUDA kernel: reads every found_inf and clears it.
+void cpu_update_scale(const Tensor& scale, const Tensor& tracker, const std::vector<Tensor>& found_infs,
+                      double growth, double backoff, int64_t interval) {
   float& s = *static_cast<float*>(scale.data_ptr());
   int32_t& t = *static_cast<int32_t*>(tracker.data_ptr());
-  if (*static_cast<const float*>(found_inf.data_ptr()) != 0.f) {
+  bool overflow = false;
+  for (const Tensor& f : found_infs) {
+    float& v = *static_cast<float*>(f.data_ptr());
+    overflow |= v != 0.f;
+    v = 0.f;
+  }
+  if (overflow) {
     s = static_cast<float>(static_cast<double>(s) * backoff);
     t = 0;
   } else {
@@ -115,7 +122,15 @@ Tensor GradScaler::check_grads(optim::Optimizer& opt, bool unscale, const char* 
     }
     grads.push_back(g);
   }
-  Tensor found_inf = tg::zeros({}, TensorOptions().dtype(kFloat32).device(scale_.device()));
+  // The optimizer's persistent flag: zero unless a check wrote it and no update cleared it since.
+  FoundInfBuffer& buf = found_inf_buffers_[&opt];
+  if (!buf.flag.defined() || buf.flag.device() != scale_.device()) {
+    buf.flag = tg::zeros({}, TensorOptions().dtype(kFloat32).device(scale_.device()));
+  } else if (buf.dirty) {
+    buf.flag.fill_(0.0);
+  }
+  buf.dirty = true;
+  const Tensor& found_inf = buf.flag;
   const Tensor scale = unscale ? scale_ : Tensor();
   if (scale_.is_cpu()) {
     cpu_check_and_unscale(grads, found_inf, scale);
@@ -166,12 +181,23 @@ void GradScaler::step(optim::Optimizer& opt) {
 void GradScaler::update() {
   if (!options_.enabled) return;
   check_scale("update");
-  Tensor found;
+  // The flags the update reads and clears; beyond what one launch takes, the rest are
+  // summed into one extra operand first (and stay dirty: the next check zero-fills them).
+  constexpr size_t kMaxFlags = 16;  // == cuda::kMaxFoundInfs
+  std::vector<Tensor> found;
+  std::vector<const optim::Optimizer*> cleared;
+  Tensor extra;
   for (auto& [opt, st] : per_optimizer_) {
     if (!st.found_inf.defined()) continue;
-    found = found.defined() ? found + st.found_inf : st.found_inf;
+    if (found.size() + 1 < kMaxFlags) {
+      found.push_back(st.found_inf);
+      cleared.push_back(opt);
+    } else {
+      extra = extra.defined() ? extra + st.found_inf : st.found_inf.clone();
+    }
   }
-  TG_CHECK(found.defined(), "GradScaler.update: no inf checks were recorded prior to update().");
+  if (extra.defined()) found.push_back(extra);
+  TG_CHECK(!found.empty(), "GradScaler.update: no inf checks were recorded prior to update().");
   if (scale_.is_cpu()) {
     cpu_update_scale(scale_, growth_tracker_, found, options_.growth_factor, options_.backoff_factor,
                      options_.growth_interval);
@@ -181,6 +207,7 @@ void GradScaler::update() {
                        options_.growth_interval);
 #endif
   }
+  for (const optim::Optimizer* opt : cleared) found_inf_buffers_[opt].dirty = false;
   scale_.impl().storage->bump_version();
   growth_tracker_.impl().storage->bump_version();
   per_optimizer_.clear();

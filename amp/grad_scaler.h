@@ -4,9 +4,13 @@
 // device tensors; unscale_ is one fused multi-tensor kernel per dtype that
 // unscales every gradient and records any inf/NaN; step hands found_inf to the
 // optimizer, whose kernels skip the update on the device; update adjusts the
-// scale with a one-thread kernel. None of scale / unscale_ / step / update waits
-// for the device (a training step can be captured into a CUDA graph); only
-// get_scale(), get_growth_tracker() and state_dict() read values back.
+// scale with a one-thread kernel that also clears the found_inf flags it read
+// (each optimizer's flag is one persistent tensor, so an iteration needs no
+// zero-fill launch). None of scale / unscale_ / step / update waits for the device
+// (a training step can be captured into a CUDA graph); only get_scale(),
+// get_growth_tracker() and state_dict() read values back. Launches per iteration
+// on CUDA: scale's multiply, one check per gradient dtype, the optimizer's step,
+// and the update.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -68,7 +72,8 @@ class GradScaler {
   // before the first scale(); for graphs and tests. No sync.
   const Tensor& scale_tensor() const { return scale_; }
   const Tensor& growth_tracker_tensor() const { return growth_tracker_; }
-  // This iteration's found_inf of `opt` (float32 0-d on the device), undefined if none yet.
+  // This iteration's found_inf of `opt` (float32 0-d on the device), undefined if none
+  // yet. The same tensor serves every iteration: update() sets it back to zero.
   Tensor found_inf(const optim::Optimizer& opt) const;
 
   // PyTorch's keys: "scale", "growth_factor", "backoff_factor", "growth_interval",
@@ -82,6 +87,12 @@ class GradScaler {
     OptState state = OptState::Ready;
     Tensor found_inf;
   };
+  // An optimizer's persistent found_inf; `dirty` when it may be non-zero on the device
+  // (written by a check and not yet cleared by an update kernel).
+  struct FoundInfBuffer {
+    Tensor flag;
+    bool dirty = false;
+  };
   void check_scale(const char* op) const;
   // found_inf of `opt`'s gradients; with `unscale`, the gradients are divided by the scale.
   Tensor check_grads(optim::Optimizer& opt, bool unscale, const char* op);
@@ -91,6 +102,7 @@ class GradScaler {
   Tensor growth_tracker_;  // int32 0-d, same device
   int64_t init_growth_tracker_ = 0;  // from load_state_dict before the tensors exist
   std::unordered_map<const optim::Optimizer*, PerOptimizer> per_optimizer_;
+  std::unordered_map<const optim::Optimizer*, FoundInfBuffer> found_inf_buffers_;
 };
 
 }  // namespace tg::amp

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -58,6 +59,12 @@ class Node {
 
   std::vector<Edge> next_edges;
   std::vector<InputMeta> input_meta;  // one per forward output
+  // Gradient dtypes a node also takes, so that a producer can skip a cast (the engine accepts them
+  // as they are): a float32 -> float16 / bfloat16 cast takes float32 (its backward then passes it
+  // through), and a view-like node whose backward keeps the dtype (transpose, permute, reshape)
+  // takes what the node of its one input takes. See autograd::wanted_grad_dtype.
+  std::optional<DType> wide_grad_dtype;
+  bool grad_dtype_from_input = false;
   // Non-leaf tensors that asked for retain_grad(): (output_nr, tensor).
   std::vector<std::pair<uint32_t, std::weak_ptr<TensorImpl>>> retained;
 };

@@ -57,6 +57,8 @@ class CustomFunctionNode final : public Node {
       if (!grads[i].defined()) {
         const InputMeta& m = input_meta[i];
         grads[i] = native::full(m.shape, 0, m.dtype, m.device);
+      } else {
+        grads[i] = writable(grads[i]);  // user code may write into its incoming gradients
       }
     }
     std::vector<Tensor> per_arg = backward_(ctx_.get(), std::move(grads));

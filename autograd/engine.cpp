@@ -4,6 +4,9 @@
 // Every gradient entering a node is reduced (sum_to) and cast to what that node
 // expects here, in one place. Also the Tensor autograd methods.
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -11,17 +14,65 @@
 
 #include "autograd/accumulate_grad.h"
 #include "autograd/function.h"
+#if defined(TG_WITH_CUDA)
+#include "core/backend/cuda/runtime.h"
+#include "core/cuda.h"
+#endif
 
 namespace tg {
 namespace autograd {
 namespace {
 
 // The one place a broadcast gradient is reduced to its input's shape and cast
-// back to its dtype / device.
-Tensor conform(Tensor g, const InputMeta& m) {
+// back to its dtype / device. A gradient already in the wider dtype the node also
+// takes (`wanted`, see Node::wide_grad_dtype) is kept as it is.
+Tensor conform(Tensor g, const InputMeta& m, DType wanted) {
   if (g.sizes() != m.shape) g = native::sum_to(g, m.shape);
-  if (g.dtype() != m.dtype || g.device() != m.device) g = native::to(g, m.device, m.dtype);
+  const DType dtype = g.dtype() == wanted ? wanted : m.dtype;
+  if (g.dtype() != dtype || g.device() != m.device) g = native::to(g, m.device, dtype);
   return g;
+}
+
+// A gradient as the tensor it belongs to has it (for .grad() of retained non-leaves and
+// autograd::grad's results, which may have arrived in a node's wider dtype).
+Tensor as_meta(const Tensor& g, const InputMeta& m) {
+  return g.defined() && g.dtype() != m.dtype ? native::to(g, m.device, m.dtype) : g;
+}
+
+// The implicit gradient of a scalar CUDA root (loss.backward()): one read-only 1 per
+// (device, dtype), made once, so that a training step's backward starts without a fill
+// launch. It never reaches users writable: AccumulateGrad copies gradients whose storage
+// is shared (owned_grad), and autograd::grad results and custom Functions' incoming
+// gradients are copied when they are this tensor (is_implicit_one).
+struct ImplicitOnes {
+  std::mutex mu;
+  std::map<std::tuple<int, int>, Tensor> by_key;  // (device index, dtype)
+};
+ImplicitOnes& implicit_ones() {
+  static auto* o = new ImplicitOnes;  // never destroyed: CUDA memory outlives static teardown order
+  return *o;
+}
+
+Tensor implicit_one(const Tensor& r) {
+  Tensor fresh;
+#if defined(TG_WITH_CUDA)
+  if (r.is_cuda()) {
+    ImplicitOnes& o = implicit_ones();
+    const auto key = std::make_tuple(r.device().index(), static_cast<int>(r.dtype()));
+    std::lock_guard<std::mutex> lock(o.mu);
+    auto it = o.by_key.find(key);
+    if (it == o.by_key.end()) {
+      // Made eagerly only: a fill captured into a graph would not run now.
+      if (cuda::detail::current_stream_capturing(r.device().index()))
+        return native::full(r.sizes(), 1, r.dtype(), r.device());
+      Tensor one = native::full(Shape{}, 1, r.dtype(), r.device());
+      cuda::current_stream().synchronize();  // written before any stream reads it
+      it = o.by_key.emplace(key, std::move(one)).first;
+    }
+    return native::view(it->second, r.sizes());
+  }
+#endif
+  return native::full(r.sizes(), 1, r.dtype(), r.device());
 }
 
 struct Capture {
@@ -50,7 +101,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
     if (!g.defined()) {
       TG_CHECK(r.numel() == 1, op, ": grad can be implicitly created only for scalar outputs; the output has shape ",
                r.sizes(), ", pass a gradient of that shape");
-      g = native::full(r.sizes(), 1, r.dtype(), r.device());
+      g = implicit_one(r);
     } else {
       TG_CHECK(g.sizes() == r.sizes(), op, ": gradient has shape ", g.sizes(), " but the output has shape ", r.sizes());
       TG_CHECK(g.dtype() == r.dtype(), op, ": gradient has dtype ", g.dtype(), " but the output has dtype ", r.dtype());
@@ -97,7 +148,14 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
   struct Slot {
     std::vector<Tensor> parts;
     Tensor collapse() {
-      if (parts.size() > 1) parts = {native::add_n(parts)};
+      if (parts.size() > 1) {
+        // Parts may mix a node's own dtype and the wider one it also takes: sum in the wider.
+        DType dt = parts[0].dtype();
+        for (const Tensor& p : parts) dt = promote_types(dt, p.dtype());
+        for (Tensor& p : parts)
+          if (p.dtype() != dt) p = native::to(p, p.device(), dt);
+        parts = {native::add_n(parts)};
+      }
       return parts.empty() ? Tensor() : parts[0];
     }
   };
@@ -105,7 +163,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
   std::unordered_map<Node*, std::vector<Slot>> buffers;
   auto deliver = [&](const Edge& e, Tensor g) {
     Node* n = e.fn.get();
-    g = conform(std::move(g), n->input_meta.at(e.input_nr));
+    g = conform(std::move(g), n->input_meta.at(e.input_nr), wanted_grad_dtype(e));
     auto& buf = buffers[n];
     if (buf.empty()) buf.resize(n->input_meta.size());
     Slot& slot = buf[e.input_nr];
@@ -134,13 +192,15 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
     buf.resize(node->input_meta.size());
 
     if (auto it = captures.find(node.get()); it != captures.end())
-      for (const Capture& c : it->second) results[c.result_index] = buf[c.input_nr];
+      for (const Capture& c : it->second)
+        results[c.result_index] = writable(as_meta(buf[c.input_nr], node->input_meta[c.input_nr]));
     if (!inputs) {
       for (auto& [nr, weak] : node->retained) {
         auto impl = weak.lock();
         if (!impl || nr >= buf.size() || !buf[nr].defined()) continue;
         auto& m = impl->autograd;
-        m->grad = m->grad.defined() ? native::add(m->grad, buf[nr]) : native::clone(buf[nr]);
+        const Tensor g = as_meta(buf[nr], node->input_meta[nr]);
+        m->grad = m->grad.defined() ? native::add(m->grad, g) : native::clone(g);
       }
     }
 
@@ -168,6 +228,17 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
 }
 
 }  // namespace
+
+bool is_implicit_one(const Tensor& g) {
+  if (!g.defined() || !g.is_cuda() || g.numel() != 1) return false;
+  ImplicitOnes& o = implicit_ones();
+  std::lock_guard<std::mutex> lock(o.mu);
+  for (const auto& [key, t] : o.by_key)
+    if (t.impl().storage == g.impl().storage) return true;
+  return false;
+}
+
+Tensor writable(const Tensor& g) { return is_implicit_one(g) ? native::clone(g) : g; }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs, bool retain_graph) {

@@ -68,6 +68,30 @@ class FunctionNode final : public Node {
 // The edge a gradient for t flows along (grad_fn or the leaf's accumulator).
 Edge gradient_edge(const Tensor& t);
 
+// The dtype the node at e takes its gradient in without a copy: its input_meta dtype, or the
+// wider Node::wide_grad_dtype of it or of the cast behind a short chain of view-like nodes.
+DType wanted_grad_dtype(const Edge& e);
+
+// The engine's shared implicit root gradient (a read-only CUDA 1, see engine.cpp), and
+// g made safe to hand to user code (a copy when it is that tensor).
+bool is_implicit_one(const Tensor& g);
+Tensor writable(const Tensor& g);
+
+// The dtype a backward writes input i's gradient in: float32 when its natural dtype (that of the
+// forward operand) is float16 / bfloat16 and the gradient flows to a cast from float32 (a GEMM
+// stores float32 directly: no half rounding, no cast launch); else `natural`.
+inline DType grad_dtype_for(const Node& n, size_t i, DType natural) {
+  if (!is_reduced_float(natural) || !n.needs_input_grad(i)) return natural;
+  return wanted_grad_dtype(n.next_edges[i]) == kFloat32 ? kFloat32 : natural;
+}
+
+// Marks out's node (a view-like op whose backward keeps the gradient's dtype) as taking the
+// gradient dtype of its input's node. Returns out.
+inline Tensor pass_grad_dtype(Tensor out) {
+  if (const auto& m = out.impl().autograd; m && m->grad_fn) m->grad_fn->grad_dtype_from_input = true;
+  return out;
+}
+
 // Records `out` as the result of op `name` applied to `inputs`: builds the node,
 // its edges, and sets out's history. Returns out (re-aliased if it shares an
 // input's TensorImpl). Only floating outputs are recorded.

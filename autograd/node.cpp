@@ -112,6 +112,19 @@ Edge gradient_edge(const Tensor& t) {
   return Edge{std::move(acc), 0};
 }
 
+DType wanted_grad_dtype(const Edge& e) {
+  const Node* n = e.fn.get();
+  const DType own = n->input_meta.at(e.input_nr).dtype;
+  for (int hop = 0; hop < 8; ++hop) {  // view chains are short; bounded so deep graphs cost nothing
+    if (n->wide_grad_dtype) return *n->wide_grad_dtype;
+    if (!n->grad_dtype_from_input || n->next_edges.size() != 1 || !n->next_edges[0].valid()) break;
+    const Edge& next = n->next_edges[0];
+    if (next.fn->input_meta.at(next.input_nr).dtype != own) break;
+    n = next.fn.get();
+  }
+  return own;
+}
+
 // ---- recording
 namespace {
 template <typename Range>

@@ -11,6 +11,7 @@
 //                                                      batch copied into its input before each replay)
 //
 //   tg_bench_amp [--reps N] [--warmup N] [--only SUBSTRING]
+#include <cstdlib>
 #include <tapegrad/tapegrad.h>
 
 #include <cstdio>
@@ -102,6 +103,7 @@ double run_graph_loop(const Options& o) {
   for (int i = 0; i < 3; ++i) train_step();
   tg::cuda::Graph graph;
   graph.capture(train_step);
+  if (const char* dir = std::getenv("TG_GRAPH_DOT_DIR")) graph.debug_dot(std::string(dir) + "/amp_step.dot");
   auto step = [&] {
     inp.copy_(tg::randn({kBatch, kFeatures}, dev));
     graph.replay();
@@ -118,6 +120,53 @@ double run_graph_loop(const Options& o) {
     us.push_back(start.elapsed_ms(end) * 1e3 / kSteps);
   }
   return median(us);
+}
+
+// Where the graph step's GPU time goes: the step cut after each phase (forward; + backward;
+// + scaler.step, i.e. inf check and SGD; + update), each captured alone and replayed
+// back to back without the input copy. Differences between rows are the phases' costs.
+void graph_phase_breakdown(const Options& o) {
+  static const char* kNames[] = {"amp_graph_phase_forward", "amp_graph_phase_backward", "amp_graph_phase_step",
+                                 "amp_graph_phase_update"};
+  for (int phases = 1; phases <= 4; ++phases) {
+    tg::cuda::synchronize();
+    tg::manual_seed(0);
+    const tg::Device dev(tg::kCUDA);
+    tg::cuda::Stream side;
+    tg::cuda::StreamGuard side_guard(side);
+    tg::nn::Linear model(kFeatures, kFeatures);
+    model.to(dev);
+    tg::optim::SGD opt(model.parameters(), {.lr = 1e-3});
+    tg::amp::GradScaler scaler;
+    tg::Tensor inp = tg::randn({kBatch, kFeatures}, dev);
+    auto partial = [&](bool last) {
+      opt.zero_grad();
+      tg::Tensor loss;
+      {
+        tg::amp::autocast guard(tg::kCUDA, tg::kFloat16);
+        loss = model(inp).pow(2).mean();
+      }
+      if (phases >= 2) scaler.scale(loss).backward();
+      if (phases >= 3) scaler.step(opt);
+      if (phases >= 4 || (phases == 3 && !last)) scaler.update();  // eager warm-ups must update
+    };
+    for (int i = 0; i < 3; ++i) partial(false);
+    tg::cuda::Graph graph;
+    graph.capture([&] { partial(true); });
+    for (int i = 0; i < 20; ++i) graph.replay();
+    side.synchronize();
+    std::vector<double> us;
+    for (int r = 0; r < o.reps; ++r) {
+      tg::cuda::Event start, end;
+      start.record();
+      for (int i = 0; i < kSteps; ++i) graph.replay();
+      end.record();
+      end.synchronize();
+      us.push_back(start.elapsed_ms(end) * 1e3 / kSteps);
+    }
+    emit(kNames[phases - 1], median(us), "us/step", median(us) * kSteps * 1e-3,
+         "\"graph_nodes\": " + std::to_string(graph.num_nodes()));
+  }
 }
 
 }  // namespace
@@ -152,6 +201,7 @@ int main(int argc, char** argv) {
       emit("amp_train_fp16_graph", us, "us/step", us * kSteps * 1e-3,
            "\"note\": \"one tg::cuda::Graph replay per step, input copied in first\"");
     }
+    if (o.wants("amp_graph_phase")) graph_phase_breakdown(o);
     if (r16 && r32)
       emit("amp_fp16_vs_fp32", r16->us_per_step, "us/step", r16->us_per_step * kSteps * 1e-3,
            "\"baseline\": " + std::to_string(r32->us_per_step) + ", \"baseline_name\": \"tg float32\"");

@@ -1,6 +1,7 @@
 // Where the time of a tiny op goes: raw kernel launches against tapegrad's
 // allocation, front-end and autograd layers (host wall clock per op, median of repeats).
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -163,7 +164,7 @@ int main(int argc, char** argv) {
     auto epoch = [&] {
       for (int64_t s = 0; s < steps; ++s) {
         tg::Tensor idx = order.slice(0, s * batch, std::min(rows, (s + 1) * batch));
-        tg::Tensor xb = feat.index_select(0, idx), yb = y.index_select(0, idx);
+        auto [xb, yb] = tg::data::gather_rows<2>({feat, y}, idx);
         opt.zero_grad();
         auto loss = tg::nn::functional::mse_loss(net(xb), yb);
         loss.backward();
@@ -175,6 +176,7 @@ int main(int argc, char** argv) {
     double c0 = tg::bench::now_s();
     graph.capture(epoch);
     const double capture_ms = (tg::bench::now_s() - c0) * 1e3;
+    if (const char* dir = std::getenv("TG_GRAPH_DOT_DIR")) graph.debug_dot(std::string(dir) + "/regression_epoch.dot");
     std::vector<double> t;
     for (int r = 0; r < o.warmup + 10; ++r) {
       side.synchronize();

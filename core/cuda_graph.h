@@ -32,6 +32,7 @@
 //    side stream for the capture and restores the current stream in capture_end.
 //    replay() launches on the current stream of the graph's device.
 #pragma once
+#include <string>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -65,6 +66,10 @@ class Graph {
   bool is_capturing() const;  // between capture_begin and capture_end
   int device() const;         // the capture's device, -1 before the first capture
   size_t num_nodes() const;   // nodes of the captured graph (0 when none)
+  // Writes the captured graph in Graphviz form (cudaGraphDebugDotPrint: one node per
+  // kernel, copy or memset, with kernel names and launch shapes), for reading what a
+  // captured step launches.
+  void debug_dot(const std::string& path) const;
 
  private:
   struct Impl;

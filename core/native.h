@@ -3,6 +3,7 @@
 // around them; autograd's backward functions call them too. Not installed.
 #pragma once
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "core/backend/backend.h"
@@ -58,6 +59,34 @@ Tensor sum_to(const Tensor& grad, const Shape& shape);
 
 // ---- linear algebra: 1-D, 2-D and batched with broadcasting batch dims
 Tensor matmul(const Tensor& a, const Tensor& b);
+// The same with the result in out_dtype: a's dtype, or float32 for float16 / bfloat16 operands
+// (accumulated in float and stored without rounding to half: mixed-precision gradients).
+Tensor matmul(const Tensor& a, const Tensor& b, DType out_dtype);
+// How many gemms this thread stored in float32 from float16 / bfloat16 operands (for tests).
+uint64_t wide_gemm_count();
+// linear: x (..., in) @ weight[out, in]^T + bias[out] (bias may be undefined). Validates (errors
+// name "linear"). One gemm with the bias fused where the backend can (CUDA: cuBLASLt) and x folds to
+// 2-D rows, else matmul + add.
+void check_linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// linear's backward, g (..., out). Input gradient: g @ weight (x's shape) in out_dtype.
+Tensor linear_grad_input(const Tensor& g, const Tensor& weight, DType out_dtype);
+// Weight gradient g^T x summed over the leading dims, in w_dtype and in the weight's layout
+// (w_col_major: the transpose of a row-major [in, out]); bias gradient, g summed over the leading
+// dims, in b_dtype. Each only when asked (x is unused without the weight's). On CUDA with out <= 8
+// (float32 / float16 / bfloat16, x and g folding to rows, x's inner stride 1), weight and bias
+// gradient are one launch (backend linear_grad_weight_bias). Otherwise a gemm, and when both are
+// wanted in one dtype the bias gradient is fused into it where the backend can.
+std::pair<Tensor, Tensor> linear_grad_weight_bias(const Tensor& g, const Tensor& x, bool need_w, bool w_col_major,
+                                                  DType w_dtype, bool need_b, DType b_dtype);
+// Whether linear's backward may fuse the bias gradient into the weight gemm (cuBLASLt's BGRAD
+// epilogues). On by default; TG_FUSE_BIAS_GRAD=0 in the environment starts it off (A/B timing).
+void set_fuse_bias_grad(bool on);
+bool fuse_bias_grad();
+// Whether linear's backward may take that one-launch path for few outputs. On by default;
+// TG_LINEAR_SMALL_OUT_GRAD=0 in the environment starts it off (A/B timing).
+void set_linear_small_out_grad(bool on);
+bool linear_small_out_grad();
 
 // ---- views (share storage)
 Tensor view(const Tensor& a, Shape shape);      // error if strides are incompatible
@@ -73,6 +102,20 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index, bool chec
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
 // zeros(shape) with src's slices added at `index` along dim (index_select's backward).
 Tensor index_add_zeros(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src);
+// index_select(t, 0, index) for every t (one device, each at least 1-d), as few launches as
+// possible: contiguous tensors go kMaxGatherRows at a time in one launch on CUDA, others one
+// index_select each. With check_bounds the index is checked once against every size(0).
+std::vector<Tensor> index_select_rows(const std::vector<Tensor>& ts, const Tensor& index, bool check_bounds = true);
+
+// ---- losses (core/native/loss.cpp)
+// True when mse_loss / mse_loss_backward take input and target as they are: one floating dtype,
+// one device, equal shapes, both contiguous. The caller uses a composite otherwise.
+bool mse_loss_fusable(const Tensor& input, const Tensor& target);
+// (input - target)^2 reduced by r, one launch on CUDA; requires mse_loss_fusable.
+Tensor mse_loss(const Tensor& input, const Tensor& target, backend::LossReduction r);
+// Its gradients {grad_input, grad_target} in one launch; each only when asked for (else undefined).
+std::pair<Tensor, Tensor> mse_loss_backward(const Tensor& grad, const Tensor& input, const Tensor& target,
+                                            backend::LossReduction r, bool need_input, bool need_target);
 
 // ---- factories and random (a global Philox generator per device)
 Tensor full(const Shape& sizes, Scalar v, DType dtype, Device device);

@@ -65,6 +65,7 @@ enum class AutocastCategory : uint8_t { None, Lower, Fp32, Promote };
   _(Argmax, "argmax", None)                 \
   /* linear algebra */                      \
   _(Matmul, "matmul", Lower)                \
+  _(Linear, "linear", Lower)                \
   /* views, gathers, copies */              \
   _(Transpose, "transpose", None)           \
   _(Permute, "permute", None)               \

@@ -97,6 +97,9 @@ Tensor argmax(const Tensor& a, std::optional<int64_t> dim = std::nullopt, bool k
 
 // ---- linear algebra
 Tensor matmul(const Tensor& a, const Tensor& b);
+// x (..., in) @ weight[out, in]^T + bias[out] (bias may be undefined), as torch.nn.functional.linear.
+// On CUDA one cuBLASLt call with the bias fused; its backward fuses the bias gradient where it can.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 // TF32 for float32 matmuls on CUDA (default false, as PyTorch).
 void set_allow_tf32(bool allow);
 bool allow_tf32();

@@ -2,6 +2,8 @@
 // the per-batch gather (device-side, no host sync).
 #include "data/dataloader.h"
 
+#include <vector>
+
 #include "core/native.h"
 #include "core/philox.h"
 
@@ -33,6 +35,21 @@ Tensor gather_rows(const Tensor& t, const Tensor& perm, int64_t start, int64_t e
   if (!perm.defined()) return native::slice(t, 0, start, end, 1);
   // The permutation is known to be in range: skip the bounds check (it would sync).
   return native::index_select(t, 0, native::slice(perm, 0, start, end, 1), /*check_bounds=*/false);
+}
+
+void gather_batch(const Tensor* tensors, Tensor* out, size_t n, const Tensor& perm, int64_t start, int64_t end) {
+  if (!perm.defined()) {
+    for (size_t k = 0; k < n; ++k) out[k] = native::slice(tensors[k], 0, start, end, 1);
+    return;
+  }
+  // The permutation is known to be in range: no bounds check (it would sync).
+  std::vector<Tensor> rows = native::index_select_rows(std::vector<Tensor>(tensors, tensors + n),
+                                                       native::slice(perm, 0, start, end, 1), /*check_bounds=*/false);
+  for (size_t k = 0; k < n; ++k) out[k] = std::move(rows[k]);
+}
+
+std::vector<Tensor> gather_rows_checked(const std::vector<Tensor>& tensors, const Tensor& index) {
+  return native::index_select_rows(tensors, index, /*check_bounds=*/true);
 }
 
 }  // namespace tg::data::detail

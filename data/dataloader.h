@@ -1,6 +1,7 @@
 // tg::data::DataLoader: batches of a TensorDataset, shuffled and gathered on
 // the tensors' device with no host synchronisation. Each epoch (each begin())
-// draws a new device-side randperm; each batch is one index_select per tensor.
+// draws a new device-side randperm; each batch gathers the rows of all tensors
+// together (one launch on CUDA for up to 8 contiguous tensors).
 // Unshuffled batches are views (slices) of the dataset's tensors.
 //
 //   tg::data::DataLoader loader(ds, {.batch_size = 4096, .shuffle = true});
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <iterator>
 #include <optional>
+#include <vector>
 
 #include "data/dataset.h"
 
@@ -32,7 +34,23 @@ void check_options(const DataLoaderOptions& o);
 Tensor epoch_permutation(int64_t n, Device device, const DataLoaderOptions& o, uint64_t epoch);
 // Rows [start, end) of t, in the order perm[start:end) when perm is defined.
 Tensor gather_rows(const Tensor& t, const Tensor& perm, int64_t start, int64_t end);
+// The same for n tensors at once into out[0, n): one multi-tensor gather (native::index_select_rows).
+void gather_batch(const Tensor* tensors, Tensor* out, size_t n, const Tensor& perm, int64_t start, int64_t end);
+std::vector<Tensor> gather_rows_checked(const std::vector<Tensor>& tensors, const Tensor& index);
 }  // namespace detail
+
+// The rows `index` (1-d int64/int32, on the tensors' device) of every tensor, in
+// one launch on CUDA for up to 8 contiguous tensors: what a DataLoader batch does,
+// for loops that keep their own order tensor (e.g. an epoch captured into a
+// tg::cuda::Graph). Indices are bounds-checked (one host read-back), except while
+// a CUDA graph is capturing.
+template <size_t N>
+std::array<Tensor, N> gather_rows(const std::array<Tensor, N>& tensors, const Tensor& index) {
+  std::vector<Tensor> rows = detail::gather_rows_checked(std::vector<Tensor>(tensors.begin(), tensors.end()), index);
+  std::array<Tensor, N> out;
+  for (size_t k = 0; k < N; ++k) out[k] = std::move(rows[k]);
+  return out;
+}
 
 template <size_t N>
 class DataLoader {
@@ -55,7 +73,7 @@ class DataLoader {
       const int64_t n = loader_->dataset_.size(), bs = loader_->options_.batch_size;
       const int64_t start = batch_ * bs, end = std::min(n, start + bs);
       Batch out;
-      for (size_t k = 0; k < N; ++k) out[k] = detail::gather_rows(loader_->dataset_.tensors()[k], perm_, start, end);
+      detail::gather_batch(loader_->dataset_.tensors().data(), out.data(), N, perm_, start, end);
       return out;
     }
     Iterator& operator++() {

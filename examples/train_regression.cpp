@@ -134,7 +134,7 @@ void train_graphed(const Args& a, tg::Device dev, const tg::Tensor& feat, const 
     for (int64_t s = 0; s < steps; ++s) {
       const int64_t start = s * a.batch, end = std::min(a.rows, start + a.batch);
       tg::Tensor idx = order.slice(0, start, end);
-      tg::Tensor xb = feat.index_select(0, idx), yb = y.index_select(0, idx);
+      auto [xb, yb] = tg::data::gather_rows<2>({feat, y}, idx);
       opt.zero_grad();
       auto loss = tg::nn::functional::mse_loss(net(xb), yb);
       loss.backward();

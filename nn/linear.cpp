@@ -27,8 +27,7 @@ void Linear::reset_parameters() {
 Tensor Linear::forward(const Tensor& x) {
   TG_CHECK(x.dim() >= 1 && x.size(-1) == in_features, "Linear(", in_features, ", ", out_features,
            "): expected input with last dim ", in_features, ", got shape ", x.sizes());
-  Tensor y = matmul(x, weight.t());
-  return bias.defined() ? y + bias : y;
+  return tg::linear(x, weight, bias);
 }
 
 }  // namespace tg::nn

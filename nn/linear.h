@@ -4,6 +4,13 @@
 
 namespace tg::nn {
 
+namespace functional {
+// x (..., in) @ weight[out, in]^T + bias[out], bias optional: tg::linear (one fused gemm on CUDA).
+inline Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor()) {
+  return tg::linear(x, weight, bias);
+}
+}  // namespace functional
+
 class Linear : public Module {
  public:
   // weight [out, in] and bias [out] drawn as PyTorch does: kaiming_uniform(a = √5),

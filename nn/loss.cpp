@@ -1,13 +1,32 @@
 // Loss functions.
 #include "nn/loss.h"
 
+#include <vector>
+
 #include "amp/hook.h"
+#include "autograd/function.h"
+#include "core/native.h"
+#include "core/trace.h"
 
 namespace tg::nn {
 
 namespace {
 void check_reduction(std::string_view r, const char* op) {
   TG_CHECK(r == "mean" || r == "sum" || r == "none", op, ": reduction must be 'mean', 'sum' or 'none', got '", r, "'");
+}
+
+// One kernel forward and one backward (both gradients), for inputs native::mse_loss_fusable
+// accepts; the node saves input and target (version-checked) and reads the gradient on the device.
+Tensor fused_mse_loss(const Tensor& input, const Tensor& target, backend::LossReduction r) {
+  Tensor out = native::mse_loss(input, target, r);
+  if (!autograd::should_record(input, target)) return out;
+  autograd::SavedTensor si(input, "mse_loss"), st(target, "mse_loss");
+  return autograd::record("mse_loss", {input, target}, std::move(out),
+                          [si, st, r](const Tensor& g, const autograd::FunctionNode& n) -> std::vector<Tensor> {
+                            auto [gi, gt] = native::mse_loss_backward(g, si.unpack(), st.unpack(), r,
+                                                                      n.needs_input_grad(0), n.needs_input_grad(1));
+                            return {std::move(gi), std::move(gt)};
+                          });
 }
 }  // namespace
 
@@ -21,6 +40,14 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, std::string_view redu
   TG_CHECK(input.device() == target.device(), "mse_loss: input on ", input.device(), " but target on ",
            target.device());
   tg::detail::broadcast_shapes(input.sizes(), target.sizes(), "mse_loss");  // names both shapes when incompatible
+  // While tracing (export) the composite runs, so the graph keeps seeing sub / mul / mean.
+  if (!tg::detail::tls_tracer && native::mse_loss_fusable(input, target)) {
+    const auto r = reduction == "mean"  ? backend::LossReduction::Mean
+                   : reduction == "sum" ? backend::LossReduction::Sum
+                                        : backend::LossReduction::None;
+    return fused_mse_loss(input, target, r);
+  }
+  // Broadcasting, type promotion and strided inputs: a composite of differentiable ops.
   Tensor d = input - target;
   Tensor sq = d * d;
   if (reduction == "mean") return sq.mean();

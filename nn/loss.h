@@ -1,4 +1,4 @@
-// Loss functions built from tg ops, so autograd differentiates them.
+// Loss functions. mse_loss runs as one fused kernel each way when it can, else as tg ops.
 #pragma once
 #include <string>
 #include <string_view>

@@ -115,8 +115,9 @@ void adam_step(GroupedOptimizer<O>& opt, bool decoupled, const StepArgs& args) {
         for (size_t i : bucket.indices) {
           lists.params.push_back(group.params[i]);
           lists.grads.push_back(grads[i]);
-          detail::bump_version(group.params[i]);
         }
+        lists.shadows = detail::shadows_for_update(lists.params);  // before the version bumps
+        for (const Tensor& p : lists.params) detail::bump_version(p);
         lists.exp_avgs = std::move(ms);
         lists.exp_avg_sqs = std::move(vs);
         lists.max_exp_avg_sqs = std::move(xs);
@@ -124,6 +125,7 @@ void adam_step(GroupedOptimizer<O>& opt, bool decoupled, const StepArgs& args) {
         cuda::fused_adam_step(opt.fused_cache(gi, bucket.device, bucket.dtype), lists, h,
                               detail::device_scalar(op, args.grad_scale, "grad_scale", bucket.device),
                               detail::device_scalar(op, args.found_inf, "found_inf", bucket.device));
+        detail::shadows_updated(lists.params, lists.shadows);
 #else
         TG_ERROR(op, ": parameters on ", bucket.device, " but tapegrad was built without CUDA");
 #endif

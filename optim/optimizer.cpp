@@ -3,9 +3,11 @@
 #include "optim/optimizer.h"
 
 #include <charconv>
+#include <optional>
 #include <set>
 #include <unordered_set>
 
+#include "amp/shadow.h"
 #include "autograd/autograd.h"
 #include "core/ops.h"
 #include "optim/step_util.h"
@@ -254,6 +256,26 @@ Tensor usable_grad(const char* op, const Tensor& param) {
 }
 
 void bump_version(const Tensor& t) { t.impl().storage->bump_version(); }
+
+std::vector<Tensor> shadows_for_update(const std::vector<Tensor>& params) {
+  amp::detail::purge_dead_shadows();  // frees the copies of parameters that no longer exist
+  std::vector<Tensor> out(params.size());
+  std::optional<DType> dtype;  // the first shadow's; others are dropped (one dtype per launch)
+  bool any = false;
+  for (size_t i = 0; i < params.size(); ++i) {
+    out[i] = amp::detail::shadow_for_update(params[i], dtype);
+    if (out[i].defined()) {
+      dtype = out[i].dtype();
+      any = true;
+    }
+  }
+  if (!any) out.clear();
+  return out;
+}
+
+void shadows_updated(const std::vector<Tensor>& params, const std::vector<Tensor>& shadows) {
+  for (size_t i = 0; i < shadows.size(); ++i) amp::detail::shadow_updated(params[i], shadows[i]);
+}
 
 std::vector<Bucket> bucket_by_device_dtype(const std::vector<Tensor>& params, const std::vector<Tensor>& grads) {
   std::vector<Bucket> out;

@@ -116,13 +116,15 @@ void SGD::step(const StepArgs& args) {
         for (size_t i : bucket.indices) {
           lists.params.push_back(group.params[i]);
           lists.grads.push_back(grads[i]);
-          detail::bump_version(group.params[i]);
         }
+        lists.shadows = detail::shadows_for_update(lists.params);  // before the version bumps
+        for (const Tensor& p : lists.params) detail::bump_version(p);
         lists.momentum_buffers = std::move(bufs);
         lists.steps = std::move(steps);
         cuda::fused_sgd_step(fused_cache(gi, bucket.device, bucket.dtype), lists, h,
                              detail::device_scalar("SGD.step", args.grad_scale, "grad_scale", bucket.device),
                              detail::device_scalar("SGD.step", args.found_inf, "found_inf", bucket.device));
+        detail::shadows_updated(lists.params, lists.shadows);
 #else
         TG_ERROR("SGD.step: parameters on ", bucket.device, " but tapegrad was built without CUDA");
 #endif

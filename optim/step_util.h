@@ -23,6 +23,13 @@ Tensor usable_grad(const char* op, const Tensor& param);
 // Marks in-place modification (autograd refuses stale saved tensors).
 void bump_version(const Tensor& t);
 
+// The low-precision shadows (amp/shadow.h) a fused CUDA step should write along
+// with `params`, taken before their versions are bumped: one per parameter
+// (undefined where none is valid), one dtype, or empty when there are none.
+std::vector<Tensor> shadows_for_update(const std::vector<Tensor>& params);
+// After the launch (versions bumped): re-tags the written shadows.
+void shadows_updated(const std::vector<Tensor>& params, const std::vector<Tensor>& shadows);
+
 // The parameters of one group on one device with one dtype (positions into the group).
 struct Bucket {
   Device device;

@@ -1,6 +1,7 @@
 // The grad scaler's kernels: the fused inf/NaN check (+ unscale) over every
 // gradient, built on the shared multi-tensor apply, and the one-thread scale
-// update. Both read the scale and found_inf on the device: no host sync.
+// update, which also clears the found_inf flags it consumed. Both read the scale
+// and found_inf on the device: no host sync.
 #include <cmath>
 #include <map>
 #include <vector>
@@ -33,9 +34,19 @@ struct CheckUnscaleFunctor {
   }
 };
 
-__global__ void update_scale_kernel(float* scale, int32_t* growth_tracker, const float* found_inf,
-                                    double growth_factor, double backoff_factor, int64_t growth_interval) {
-  if (*found_inf != 0.f) {
+struct FoundInfs {
+  float* ptr[kMaxFoundInfs];
+  int n;
+};
+
+__global__ void update_scale_kernel(float* scale, int32_t* growth_tracker, FoundInfs found, double growth_factor,
+                                    double backoff_factor, int64_t growth_interval) {
+  bool overflow = false;
+  for (int i = 0; i < found.n; ++i) {
+    overflow |= *found.ptr[i] != 0.f;
+    *found.ptr[i] = 0.f;  // consumed: zero for the next iteration's check
+  }
+  if (overflow) {
     *scale = static_cast<float>(static_cast<double>(*scale) * backoff_factor);
     *growth_tracker = 0;
   } else {
@@ -81,14 +92,18 @@ void non_finite_check_and_unscale(const std::vector<Tensor>& grads, const Tensor
   }
 }
 
-void update_scale(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf, double growth_factor,
-                  double backoff_factor, int64_t growth_interval) {
+void update_scale(const Tensor& scale, const Tensor& growth_tracker, const std::vector<Tensor>& found_infs,
+                  double growth_factor, double backoff_factor, int64_t growth_interval) {
+  TG_CHECK(!found_infs.empty() && found_infs.size() <= static_cast<size_t>(kMaxFoundInfs),
+           "GradScaler.update: ", found_infs.size(), " found_inf flags (1 to ", kMaxFoundInfs, " per launch)");
+  FoundInfs found{};
+  found.n = static_cast<int>(found_infs.size());
+  for (size_t i = 0; i < found_infs.size(); ++i) found.ptr[i] = static_cast<float*>(found_infs[i].data_ptr());
   const int device = scale.device().index();
   ::tg::cuda::detail::DeviceGuard guard(device);
   cudaStream_t stream = ::tg::cuda::detail::current_stream_handle(device);
   update_scale_kernel<<<1, 1, 0, stream>>>(static_cast<float*>(scale.data_ptr()),
-                                           static_cast<int32_t*>(growth_tracker.data_ptr()),
-                                           static_cast<const float*>(found_inf.data_ptr()), growth_factor,
+                                           static_cast<int32_t*>(growth_tracker.data_ptr()), found, growth_factor,
                                            backoff_factor, growth_interval);
   TG_CUDA_CHECK_LAUNCH();
 }

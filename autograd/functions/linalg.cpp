@@ -1,6 +1,8 @@
-// matmul with its backward: gradients are matmuls against transposed VIEWS
-// (native::matmul hands the transpose to the BLAS, no copy); broadcast batch
-// dims are reduced by the engine's central sum_to.
+// matmul and linear with their backward: gradients are matmuls against transposed
+// VIEWS (native::matmul hands the transpose to the BLAS, no copy); broadcast batch
+// dims are reduced by the engine's central sum_to. A gradient headed for a cast from
+// float32 (autocast's weights) is stored by the gemm in float32 directly.
+#include <tuple>
 #include <vector>
 
 #include "amp/hook.h"
@@ -10,6 +12,7 @@
 namespace tg {
 
 using autograd::FunctionNode;
+using autograd::grad_dtype_for;
 using autograd::record;
 using autograd::SavedTensor;
 using autograd::should_record;
@@ -46,18 +49,46 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     if (n.needs_input_grad(0)) {
       Tensor bv = sb.unpack();
       Tensor b2 = b1 ? native::unsqueeze(bv, 1) : bv;
+      const DType dt = grad_dtype_for(n, 0, g.dtype());
       // (..., m, k); for a column-major a, computed as (b g^T)^T to land in a's layout
-      ga = !a1 && a_col ? mT(native::matmul(b2, mT(g2))) : native::matmul(g2, mT(b2));
+      ga = !a1 && a_col ? mT(native::matmul(b2, mT(g2), dt)) : native::matmul(g2, mT(b2), dt);
       if (a1) ga = native::squeeze(ga, ga.dim() - 2);
     }
     if (n.needs_input_grad(1)) {
       Tensor av = sa.unpack();
       Tensor a2 = a1 ? native::unsqueeze(av, 0) : av;
+      const DType dt = grad_dtype_for(n, 1, g.dtype());
       // (..., k, n); for a column-major b, computed as (g^T a)^T to land in b's layout
-      gb = !b1 && b_col ? mT(native::matmul(mT(g2), a2)) : native::matmul(mT(a2), g2);
+      gb = !b1 && b_col ? mT(native::matmul(mT(g2), a2, dt)) : native::matmul(mT(a2), g2, dt);
       if (b1) gb = native::squeeze(gb, gb.dim() - 1);
     }
     return {ga, gb};
+  });
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  TG_AUTOCAST(Linear, tg::linear(x, weight, bias), x, weight, bias);
+  if (detail::tls_tracer) [[unlikely]] {  // export sees matmul + add, as before linear existed
+    native::check_linear(x, weight, bias);
+    Tensor y = tg::matmul(x, weight.t());
+    return bias.defined() ? y + bias : y;
+  }
+  Tensor out = native::linear(x, weight, bias);
+  if (!should_record(x, weight, bias)) return out;
+  SavedTensor sx = autograd::requires_grad(weight) ? SavedTensor(x, "linear") : SavedTensor();
+  SavedTensor sw = autograd::requires_grad(x) ? SavedTensor(weight, "linear") : SavedTensor();
+  const bool w_col = col_major(weight);
+  return record("linear", {x, weight, bias}, std::move(out),
+                [sx, sw, w_col](const Tensor& g, const FunctionNode& n) -> Grads {
+    Tensor gx, gw, gb;
+    if (n.needs_input_grad(0)) gx = native::linear_grad_input(g, sw.unpack(), grad_dtype_for(n, 0, g.dtype()));
+    const bool need_w = n.needs_input_grad(1), need_b = n.needs_input_grad(2);
+    if (need_w || need_b) {
+      std::tie(gw, gb) = native::linear_grad_weight_bias(g, need_w ? sx.unpack() : Tensor(), need_w, w_col,
+                                                         grad_dtype_for(n, 1, g.dtype()), need_b,
+                                                         grad_dtype_for(n, 2, g.dtype()));
+    }
+    return {gx, gw, gb};
   });
 }
 

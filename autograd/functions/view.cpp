@@ -22,8 +22,9 @@ namespace {
 Tensor reshape_back(const char* name, const Tensor& a, Tensor out) {
   if (!should_record(a)) return out;
   Shape in_shape = a.sizes();
-  return record(name, {a}, std::move(out),
-                [in_shape](const Tensor& g, const FunctionNode&) -> Grads { return {native::reshape(g, in_shape)}; });
+  return autograd::pass_grad_dtype(
+      record(name, {a}, std::move(out),
+             [in_shape](const Tensor& g, const FunctionNode&) -> Grads { return {native::reshape(g, in_shape)}; }));
 }
 // Normalizes a slice bound as Python does: negative counts from the end, then clamped.
 int64_t slice_bound(int64_t v, int64_t size) {
@@ -62,8 +63,9 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
   Tensor out = native::transpose(*this, d0, d1);
   TG_TRACE(Transpose, out, {*this}, {{"dim0", d0}, {"dim1", d1}});
   if (!should_record(*this)) return out;
-  return record("transpose", {*this}, std::move(out),
-                [d0, d1](const Tensor& g, const FunctionNode&) -> Grads { return {native::transpose(g, d0, d1)}; });
+  return autograd::pass_grad_dtype(
+      record("transpose", {*this}, std::move(out),
+             [d0, d1](const Tensor& g, const FunctionNode&) -> Grads { return {native::transpose(g, d0, d1)}; }));
 }
 
 Tensor Tensor::t() const {
@@ -85,8 +87,9 @@ Tensor Tensor::permute(Shape dims) const {
   if (!should_record(*this)) return out;
   Shape inverse(static_cast<size_t>(nd));
   for (int64_t i = 0; i < nd; ++i) inverse[detail::wrap_dim(dims[i], nd, "permute")] = i;
-  return record("permute", {*this}, std::move(out),
-                [inverse](const Tensor& g, const FunctionNode&) -> Grads { return {native::permute(g, inverse)}; });
+  return autograd::pass_grad_dtype(
+      record("permute", {*this}, std::move(out),
+             [inverse](const Tensor& g, const FunctionNode&) -> Grads { return {native::permute(g, inverse)}; }));
 }
 
 Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) const {
@@ -187,9 +190,15 @@ Tensor Tensor::to(Device device, DType dtype) const {
   if (out.is_same(*this) || !should_record(*this)) return out;
   const Device in_device = this->device();
   const DType in_dtype = this->dtype();
-  return record("to", {*this}, std::move(out), [in_device, in_dtype](const Tensor& g, const FunctionNode&) -> Grads {
-    return {native::to(g, in_device, in_dtype)};  // cast back to the input's dtype and device
-  });
+  Tensor res =
+      record("to", {*this}, std::move(out), [in_device, in_dtype](const Tensor& g, const FunctionNode&) -> Grads {
+        return {native::to(g, in_device, in_dtype)};  // back to the input's dtype and device (g itself if it is)
+      });
+  // A float32 -> float16 / bfloat16 cast on one device also takes a float32 gradient and passes it
+  // through: matmul and linear then store their gradient in float32 directly (autocast's weights).
+  if (in_dtype == kFloat32 && is_reduced_float(res.dtype()) && res.device() == in_device)
+    res.grad_fn()->wide_grad_dtype = kFloat32;
+  return res;
 }
 
 Tensor Tensor::contiguous() const {
@@ -197,8 +206,8 @@ Tensor Tensor::contiguous() const {
   Tensor out = native::contiguous(*this);
   TG_TRACE(Contiguous, out, {*this}, {});
   if (!should_record(*this)) return out;
-  return record("contiguous", {*this}, std::move(out),
-                [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
+  return autograd::pass_grad_dtype(
+      record("contiguous", {*this}, std::move(out), [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; }));
 }
 
 Tensor Tensor::clone() const {

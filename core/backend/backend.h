@@ -107,9 +107,23 @@ struct ReduceArgs {
   int64_t correction = 1;  // Var / Std
 };
 
+// How a loss reduces its elementwise values: none (same shape), mean, or sum (0-d).
+enum class LossReduction : int8_t { None, Mean, Sum };
+
+// Work a gemm can fuse into its store (cuBLASLt epilogues), in GemmArgs' row-major terms.
+// The vector at epilogue_ptr is contiguous, of C's dtype.
+enum class GemmEpilogue : int8_t {
+  None,
+  Bias,      // C[i, j] += v[j] (n elements, read)
+  RowSumsA,  // also v[i] = sum_p op(A)(i, p) (m elements, written: a bias gradient)
+  ColSumsB,  // also v[j] = sum_p op(B)(p, j) (n elements, written)
+};
+
 // C[b] = A[b] @ B[b] in row-major terms, all of one floating dtype.
 // A is m x k: element (i, p) at a + i * lda + p when !trans_a, at a + p * lda + i when trans_a.
 // Likewise B (k x n) with ldb; C (m x n) is dense row-major with ldc = n.
+// Optional (zero-initialised GemmArgs have none): c_float32, C is float32 while A and B are
+// float16 / bfloat16 (accumulated in float, rounded once); an epilogue, only where gemm_fuses().
 struct GemmArgs {
   DType dtype;
   int64_t m, n, k, batch;
@@ -120,6 +134,9 @@ struct GemmArgs {
   int64_t lda, ldb, ldc;
   int64_t stride_a, stride_b, stride_c;  // batch strides in elements (0 = broadcast)
   Device device;
+  bool c_float32 = false;
+  GemmEpilogue epilogue = GemmEpilogue::None;
+  void* epilogue_ptr = nullptr;
 };
 
 class Backend {
@@ -128,6 +145,9 @@ class Backend {
   virtual void elementwise(ElemOp op, const ElementwiseIter& it) = 0;
   virtual void reduce(const ReduceArgs& args) = 0;
   virtual void gemm(const GemmArgs& args) = 0;
+  // Whether gemm(args) runs args.epilogue fused (batch == 1 only); when not, the caller runs the
+  // gemm without it and does that work itself. Asking is free of launches.
+  virtual bool gemm_fuses(const GemmArgs& args) = 0;
   // Philox-based fills of a contiguous floating tensor: element i uses counter (offset + i).
   virtual void uniform(const Tensor& out, uint64_t seed, uint64_t offset, double lo, double hi) = 0;
   virtual void normal(const Tensor& out, uint64_t seed, uint64_t offset, double mean, double std) = 0;
@@ -144,8 +164,32 @@ class Backend {
   // out = sum of inputs (2 <= n <= kMaxAddN), all contiguous with out's shape and floating
   // dtype; accumulated in float (double for float64), rounded once.
   virtual void add_n(const Tensor& out, const std::vector<Tensor>& inputs) = 0;
+  // out[j] = ins[k][index[j]] along dim 0 for every k, in one launch on CUDA. ins: contiguous,
+  // at least 1-d, any dtypes, 1 to kMaxGatherRows of them; outs: contiguous, ins' shapes with
+  // dim 0 replaced by index.numel(); index: contiguous 1-d int64 or int32, validated in range.
+  virtual void gather_rows(const std::vector<Tensor>& outs, const std::vector<Tensor>& ins, const Tensor& index) = 0;
+  // (input - target)^2 reduced by r into out (0-d for Mean / Sum, input's shape for None).
+  // input, target, out: contiguous, one floating dtype, input.numel() == target.numel().
+  // Accumulates in float (double for float64) in a fixed order: bit-reproducible.
+  virtual void mse_loss(const Tensor& out, const Tensor& input, const Tensor& target, LossReduction r) = 0;
+  // grad_input = norm * (input - target) * grad and grad_target = -grad_input, norm = 2 / numel
+  // for Mean, else 2. Either output may be undefined (not wanted); defined ones are contiguous
+  // with input's dtype and numel. grad: input's dtype, one element (Mean / Sum, or a broadcast
+  // scalar) read on the device, or contiguous with input's numel (None).
+  virtual void mse_loss_backward(const Tensor& grad_input, const Tensor& grad_target, const Tensor& grad,
+                                 const Tensor& input, const Tensor& target, LossReduction r) = 0;
+  // linear's weight and bias gradients in one launch (CUDA only; the CPU runs gemm + reduction):
+  // gw(o, j) = sum_i g(i, o) x(i, j) and, when gb is defined, gb(o) = sum_i g(i, o). g: [rows, out],
+  // any strides; x: [rows, in] with unit inner stride (or in == 1); rows >= 1, 1 <= out <=
+  // kMaxLinearGradOut, 1 <= in <= kMaxLinearGradIn; one dtype of float32 / float16 / bfloat16.
+  // gw: [out, in], any non-overlapping strides (the weight's layout); gw and gb (contiguous [out])
+  // each of x's dtype or float32. Accumulates in float in a fixed order: bit-reproducible.
+  virtual void linear_grad_weight_bias(const Tensor& gw, const Tensor& gb, const Tensor& g, const Tensor& x);
 };
 inline constexpr int kMaxAddN = 32;
+inline constexpr int kMaxGatherRows = 8;
+inline constexpr int kMaxLinearGradOut = 8;
+inline constexpr int kMaxLinearGradIn = 2048;
 
 Backend& get(DeviceType type);
 // How many backend ops this thread has dispatched (a cheap counter for benchmarks: on CUDA

@@ -13,15 +13,22 @@ namespace tg::optim::cuda {
 
 // Every list has one entry per parameter; all tensors are contiguous, on one CUDA
 // device, of one floating dtype (steps: float32 0-d). grad_scale / found_inf are
-// device pointers to float32 scalars, or null.
+// device pointers to float32 scalars, or null. Each step is one launch per
+// multi-tensor launch of the bucket: the step counts advance in its epilogue.
+// shadows: empty, or one entry per parameter: undefined, or a contiguous float16 /
+// bfloat16 tensor (one dtype per bucket, float32 parameters only) that receives the
+// round-to-nearest-even cast of the updated parameter in the same pass (amp/shadow.h).
+// A step skipped on the device (found_inf) leaves the shadows untouched too.
 struct SgdLists {
   std::vector<Tensor> params, grads, momentum_buffers, steps;  // buffers/steps empty without momentum
+  std::vector<Tensor> shadows;
 };
 void fused_sgd_step(std::unique_ptr<FusedCache>& cache, const SgdLists& lists, const detail::SgdHyper& hyper,
                     const float* grad_scale, const float* found_inf);
 
 struct AdamLists {
   std::vector<Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;  // max_*: amsgrad only
+  std::vector<Tensor> shadows;
 };
 void fused_adam_step(std::unique_ptr<FusedCache>& cache, const AdamLists& lists, const detail::AdamHyper& hyper,
                      const float* grad_scale, const float* found_inf);

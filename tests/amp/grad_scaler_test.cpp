@@ -115,6 +115,75 @@ TEST(GradScaler, InfAfterExplicitUnscaleSkipsStep) {
   }
 }
 
+// Each optimizer's found_inf is one persistent flag: set by the check, read by the
+// step, cleared by update() (no zero-fill launch per iteration), reused next time.
+TEST(GradScaler, FoundInfIsPersistentAndClearedByUpdate) {
+  for (Device dev : devices()) {
+    SCOPED_TRACE(dev.str());
+    Rig s(dev);
+    amp::GradScaler scaler({.init_scale = 1024});
+    s.opt->zero_grad();
+    scaler.scale(s.loss()).backward();
+    poison(s.w.grad(), std::numeric_limits<double>::infinity());
+    scaler.step(*s.opt);
+    const Tensor flag = scaler.found_inf(*s.opt);
+    ASSERT_TRUE(flag.defined());
+    EXPECT_EQ(flag.item<float>(), 1.f);
+    scaler.update();
+    EXPECT_FALSE(scaler.found_inf(*s.opt).defined());
+    EXPECT_EQ(flag.item<float>(), 0.f);  // consumed by the update
+    EXPECT_EQ(scaler.get_scale(), 512.0);
+    for (int i = 0; i < 2; ++i) {  // clean steps read the cleared flag
+      s.opt->zero_grad();
+      scaler.scale(s.loss()).backward();
+      scaler.step(*s.opt);
+      EXPECT_TRUE(scaler.found_inf(*s.opt).is_same(flag));
+      EXPECT_EQ(flag.item<float>(), 0.f);
+      scaler.update();
+    }
+    EXPECT_EQ(scaler.get_growth_tracker(), 2);
+    // update(new_scale) does not clear a flag: the next check zero-fills it first.
+    s.opt->zero_grad();
+    scaler.scale(s.loss()).backward();
+    poison(s.w.grad(), std::numeric_limits<double>::quiet_NaN());
+    scaler.unscale_(*s.opt);
+    scaler.step(*s.opt);
+    scaler.update(256.0);
+    EXPECT_EQ(flag.item<float>(), 1.f);
+    s.opt->zero_grad();
+    scaler.scale(s.loss()).backward();
+    scaler.step(*s.opt);
+    EXPECT_EQ(flag.item<float>(), 0.f);
+    scaler.update();
+    EXPECT_EQ(scaler.get_scale(), 256.0);
+    EXPECT_EQ(scaler.get_growth_tracker(), 3);  // update(new_scale) leaves the tracker alone
+  }
+}
+
+// Two optimizers, one update: an overflow in either backs off the scale and both flags clear.
+TEST(GradScaler, UpdateReadsEveryOptimizersFlag) {
+  for (Device dev : devices()) {
+    SCOPED_TRACE(dev.str());
+    Rig a(dev), b(dev);
+    amp::GradScaler scaler({.init_scale = 64});
+    for (int overflow_in : {1, 0, -1}) {  // b overflows, a overflows, none
+      a.opt->zero_grad();
+      b.opt->zero_grad();
+      scaler.scale(a.loss() + b.loss()).backward();
+      if (overflow_in == 1) poison(b.w.grad(), std::numeric_limits<double>::infinity());
+      if (overflow_in == 0) poison(a.b.grad(), std::numeric_limits<double>::infinity());
+      scaler.step(*a.opt);
+      scaler.step(*b.opt);
+      const Tensor fa = scaler.found_inf(*a.opt), fb = scaler.found_inf(*b.opt);
+      scaler.update();
+      EXPECT_EQ(fa.item<float>(), 0.f);
+      EXPECT_EQ(fb.item<float>(), 0.f);
+    }
+    EXPECT_EQ(scaler.get_scale(), 16.0);
+    EXPECT_EQ(scaler.get_growth_tracker(), 1);
+  }
+}
+
 TEST(GradScaler, GrowsAfterIntervalOfCleanSteps) {
   for (Device dev : devices()) {
     Rig s(dev, {.lr = 1e-3});

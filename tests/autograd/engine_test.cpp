@@ -57,6 +57,41 @@ TEST_P(Engine, GradIsDenseAndOwnedEvenFromExpand) {
   EXPECT_NE(w.grad().data_ptr(), g.data_ptr());
 }
 
+// loss.backward() of a CUDA scalar starts from a shared read-only 1 (no fill launch). Every
+// way that gradient can reach user code must hand out a copy, or writing into it would
+// change the next backward's implicit gradient.
+TEST_P(Engine, ImplicitRootGradientIsNeverHandedOutWritable) {
+  auto opts = f64().device(dev());
+  auto check_fresh_backward = [&](const char* what) {
+    auto z = tg::tensor<double>({2, 5}, opts).requires_grad_();
+    (z * z).sum().backward();
+    expect_near_vec(host(z.grad()), {4, 10}, 0, 0, what);
+  };
+  // A scalar leaf: its .grad() is the root gradient itself.
+  auto w = tg::tensor<double>({3}, opts).reshape({}).requires_grad_();
+  Tensor wl = w.detach().requires_grad_();
+  wl.backward();
+  expect_near_vec(host(wl.grad()), {1}, 0, 0, "leaf grad");
+  wl.mutable_grad().mul_(7);
+  check_fresh_backward("after writing a leaf's grad");
+  wl.backward();
+  expect_near_vec(host(wl.grad()), {8}, 0, 0, "accumulated onto the written grad");
+  // Non-leaf retain_grad and autograd::grad of the root itself.
+  auto x = tg::tensor<double>({1.5}, opts).requires_grad_();
+  Tensor y = (x * 2).sum();
+  y.retain_grad();
+  y.backward({}, {.retain_graph = true});
+  y.mutable_grad().mul_(5);
+  check_fresh_backward("after writing a retained grad");
+  std::vector<Tensor> gy = tg::autograd::grad({y}, {y}, {}, /*retain_graph=*/true);
+  ASSERT_EQ(gy.size(), 1u);
+  expect_near_vec(host(gy[0]), {1}, 0, 0, "grad of the root itself");
+  gy[0].mul_(9);
+  check_fresh_backward("after writing autograd::grad's result");
+  std::vector<Tensor> gx = tg::autograd::grad({y}, {x});
+  expect_near_vec(host(gx[0]), {2}, 0, 0, "grad after the writes");
+}
+
 TEST_P(Engine, RetainGraphAllowsASecondBackward) {
   auto x = tg::tensor<double>({0.5, -1.0}, f64().device(dev()));
   x.requires_grad_();

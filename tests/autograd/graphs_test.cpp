@@ -128,6 +128,10 @@ TEST(CudaMemory, BackwardReturnsToBaselinePlusGradients) {
     tg::NoGradGuard g;
     (tg::matmul(x, w) * 0.1 + b).tanh().sum().item<float>();
   }
+  {  // and the engine's shared implicit root gradient (a 1 kept for every later backward)
+    auto z = tg::randn({2}, kCUDA).requires_grad_();
+    z.sum().backward();
+  }
   tg::cuda::synchronize();
   const size_t before = tg::cuda::memory_allocated();
   {

@@ -37,6 +37,30 @@ struct CubicMix : tg::autograd::Function<CubicMix> {
   }
 };
 
+// A backward that scales its incoming gradient in place (allowed: it owns it).
+struct InPlaceTriple : tg::autograd::Function<InPlaceTriple> {
+  static Tensor forward(AutogradContext*, const Tensor& x) { return x * 1.0; }
+  static std::vector<Tensor> backward(AutogradContext*, std::vector<Tensor> grads) {
+    grads[0].mul_(3);
+    return {grads[0]};
+  }
+};
+
+TEST(CustomFunction, InPlaceWriteToIncomingGradLeavesLaterBackwardsAlone) {
+  for (tg::DeviceType d : {tg::kCPU, tg::kCUDA}) {
+    if (d == tg::kCUDA && !tg::cuda::is_available()) continue;
+    auto opts = tg::TensorOptions().dtype(tg::kFloat64).device(tg::Device(d));
+    for (int rep = 0; rep < 3; ++rep) {  // the implicit 1 of the scalar root must stay 1
+      Tensor x = tg::full({}, 2.0, opts).requires_grad_();
+      InPlaceTriple::apply(x).backward();
+      EXPECT_EQ(host(x.grad())[0], 3.0) << rep;
+      Tensor z = tg::full({}, 5.0, opts).requires_grad_();
+      (z * 1.0).backward();
+      EXPECT_EQ(host(z.grad())[0], 1.0) << rep;
+    }
+  }
+}
+
 TEST(CustomFunction, GradcheckCpu) {
   Tensor x = tg::randn({4, 3}, tg::kFloat64).requires_grad_();
   Tensor w = tg::randn({3}, tg::kFloat64).requires_grad_();

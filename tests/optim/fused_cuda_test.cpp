@@ -1,8 +1,13 @@
 // The fused CUDA steps against the CPU loops (same formulas, float32 within 1e-6
 // relative; float16 / bfloat16 within one rounding), many parameters spanning
 // several launches, mixed devices in one group, and a pointer cache that notices
-// new gradients and state.
+// new gradients and state. A step is one launch that also advances the step
+// counts: steps skipped on a device found_inf (against the float64 references fed
+// only the taken steps), tensors split across two launches, and empty parameters.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
 
 #include "tests/optim/reference.h"
 
@@ -98,6 +103,118 @@ TEST(FusedCuda, NewGradientsAndLoadedStateAreSeen) {
   opt.load_state_dict(sd);
   opt.step();  // buf = 5 + 2 = 7, p = -10.5
   expect_close(host(p), Vec(3, -10.5), 1e-6, 0, "p after load");
+}
+
+// Steps with found_inf set in between: the skipped ones change nothing (not the
+// count either, which the same launch advances), the taken ones match the float64
+// reference fed only the taken steps' gradients. Gradients arrive scaled by 4 with
+// grad_scale = 4 (exact), and are NaN on the skipped steps.
+void check_skipped_steps(const std::function<std::unique_ptr<optim::Optimizer>(const std::vector<Tensor>&)>& make_opt,
+                         const std::function<std::unique_ptr<RefOptimizer>()>& make_ref, const std::string& what) {
+  SCOPED_TRACE(what);
+  const Device dev(kCUDA);
+  auto params = make_params(dev, kFloat32, 7);
+  std::vector<Vec> ref_p;
+  std::vector<std::unique_ptr<RefOptimizer>> refs;
+  for (const auto& p : params) {
+    ref_p.push_back(host(p));
+    refs.push_back(make_ref());
+  }
+  auto opt = make_opt(params);
+  Tensor found = tg::zeros({}, dev);
+  Tensor scale = tg::full({}, 4.0, dev);
+  const std::string pattern = "x..x.xx..x";  // x: found_inf set
+  int taken = 0;
+  for (size_t k = 0; k < pattern.size(); ++k) {
+    const bool skip = pattern[k] == 'x';
+    auto grads = make_grads(static_cast<int>(k), 11);
+    for (size_t i = 0; i < params.size(); ++i)
+      params[i].mutable_grad() = skip ? tg::full(params[i].sizes(), NAN, dev) : (grads[i] * 4.0).to(dev);
+    found.fill_(skip ? 1.0 : 0.0);
+    std::vector<std::vector<unsigned char>> before;
+    for (const auto& p : params) before.push_back(bytes_of(p));
+    opt->step({.grad_scale = scale, .found_inf = found});
+    if (skip) {
+      for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(bytes_of(params[i]), before[i]) << "step " << k;
+      continue;
+    }
+    ++taken;
+    for (size_t i = 0; i < params.size(); ++i) refs[i]->step(ref_p[i], host(grads[i]));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    expect_close(host(params[i]), ref_p[i], 2e-5, 1e-5, what + " param " + std::to_string(i));
+    if (const Tensor* st = opt->state(params[i]) ? opt->state(params[i])->find("step") : nullptr)
+      EXPECT_EQ(st->item<float>(), static_cast<float>(taken)) << "param " << i;
+  }
+}
+
+TEST(FusedCuda, StepsSkippedOnFoundInfMatchReference) {
+  if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
+  using Ps = std::vector<Tensor>;
+  const std::vector<optim::AdamOptions> adams{{.lr = 1e-2}, {.lr = 1e-2, .weight_decay = 0.1, .amsgrad = true}};
+  for (const optim::AdamOptions& o : adams)
+    check_skipped_steps([&](const Ps& ps) { return std::make_unique<optim::Adam>(ps, o); },
+                        [&] { return std::make_unique<RefAdam>(o, false); },
+                        "Adam amsgrad=" + std::to_string(o.amsgrad));
+  const optim::AdamWOptions w{.lr = 1e-2, .weight_decay = 0.05};
+  check_skipped_steps([&](const Ps& ps) { return std::make_unique<optim::AdamW>(ps, w); },
+                      [&] { return std::make_unique<RefAdam>(w, true); }, "AdamW");
+  const optim::SGDOptions m{.lr = 0.1, .momentum = 0.9, .dampening = 0.1};
+  check_skipped_steps([&](const Ps& ps) { return std::make_unique<optim::SGD>(ps, m); },
+                      [&] { return std::make_unique<RefSgd>(m); }, "SGD momentum");
+  const optim::SGDOptions plain{.lr = 0.1};
+  check_skipped_steps([&](const Ps& ps) { return std::make_unique<optim::SGD>(ps, plain); },
+                      [&] { return std::make_unique<RefSgd>(plain); }, "SGD");
+}
+
+// 6 tensors of 60 chunks: 360 chunks in two launches of at most 320 blocks, the last
+// tensor split between them. Its count must advance once, after both launches read it.
+TEST(FusedCuda, CountsOfTensorsSplitAcrossLaunches) {
+  if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
+  std::vector<Shape> shapes(6, Shape{60, 65536});
+  for (bool amsgrad : {false, true}) {
+    tg::manual_seed(3);
+    std::vector<Tensor> cpu_p, gpu_p;
+    for (const auto& s : shapes) {
+      auto t = tg::randn(s);
+      cpu_p.push_back(t.clone().requires_grad_());
+      gpu_p.push_back(t.to(Device(kCUDA)).requires_grad_());
+    }
+    const optim::AdamOptions o{.lr = 1e-2, .amsgrad = amsgrad};
+    optim::Adam cpu_opt(cpu_p, o), gpu_opt(gpu_p, o);
+    for (int k = 0; k < 3; ++k) {
+      for (size_t i = 0; i < cpu_p.size(); ++i) {
+        auto g = tg::randn(shapes[i]);
+        cpu_p[i].mutable_grad() = g;
+        gpu_p[i].mutable_grad() = g.to(Device(kCUDA));
+      }
+      cpu_opt.step();
+      gpu_opt.step();
+    }
+    for (size_t i = 0; i < cpu_p.size(); ++i) {
+      EXPECT_EQ(gpu_opt.state(gpu_p[i])->at("step").item<float>(), 3.f) << i;
+      expect_close(host(gpu_p[i]), host(cpu_p[i]), 1e-6, 1e-6, "param " + std::to_string(i));
+      expect_close(host(gpu_opt.state(gpu_p[i])->at("exp_avg_sq")), host(cpu_opt.state(cpu_p[i])->at("exp_avg_sq")),
+                   1e-6, 1e-6, "exp_avg_sq " + std::to_string(i));
+    }
+  }
+}
+
+// Empty parameters take no block but their counts advance like the CPU's, also in a
+// bucket of nothing but empty parameters (one launch of one empty block).
+TEST(FusedCuda, EmptyParametersCountSteps) {
+  if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
+  auto e = tg::zeros({0}, Device(kCUDA)).requires_grad_();
+  optim::Adam only_empty({e});
+  e.mutable_grad() = tg::zeros({0}, Device(kCUDA));
+  only_empty.step();
+  only_empty.step();
+  EXPECT_EQ(only_empty.state(e)->at("step").item<float>(), 2.f);
+  auto e2 = tg::zeros({0}, Device(kCUDA)).requires_grad_();
+  optim::SGD sgd({e2}, {.lr = 0.1, .momentum = 0.9});
+  e2.mutable_grad() = tg::zeros({0}, Device(kCUDA));
+  sgd.step();
+  EXPECT_EQ(sgd.state(e2)->at("step").item<float>(), 1.f);
 }
 
 }  // namespace

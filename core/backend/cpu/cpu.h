@@ -35,6 +35,9 @@ void arange(const Tensor& out, double start, double step);
 void index_select(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index);
 void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
 void add_n(const Tensor& out, const std::vector<Tensor>& inputs);
+void mse_loss(const Tensor& out, const Tensor& input, const Tensor& target, backend::LossReduction r);  // loss.cpp
+void mse_loss_backward(const Tensor& grad_input, const Tensor& grad_target, const Tensor& grad, const Tensor& input,
+                       const Tensor& target, backend::LossReduction r);
 
 // Name of an elementwise op for error messages.
 const char* op_name(backend::ElemOp op);

@@ -37,6 +37,8 @@ class CpuBackend final : public backend::Backend {
   void elementwise(backend::ElemOp op, const backend::ElementwiseIter& it) override { cpu::elementwise(op, it); }
   void reduce(const backend::ReduceArgs& args) override { cpu::reduce(args); }
   void gemm(const backend::GemmArgs& args) override { cpu::gemm(args); }
+  // No fused epilogues: the front-ends add the bias / sum the rows themselves.
+  bool gemm_fuses(const backend::GemmArgs& args) override { return args.epilogue == backend::GemmEpilogue::None; }
   void uniform(const Tensor& out, uint64_t seed, uint64_t offset, double lo, double hi) override {
     cpu::uniform(out, seed, offset, lo, hi);
   }
@@ -51,6 +53,17 @@ class CpuBackend final : public backend::Backend {
   }
   void index_select(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index) override {
     cpu::index_select(out, in, dim, index);
+  }
+  // One memcpy gather per tensor: on the CPU a launch costs nothing.
+  void gather_rows(const std::vector<Tensor>& outs, const std::vector<Tensor>& ins, const Tensor& index) override {
+    for (size_t k = 0; k < ins.size(); ++k) cpu::index_select(outs[k], ins[k], 0, index);
+  }
+  void mse_loss(const Tensor& out, const Tensor& input, const Tensor& target, backend::LossReduction r) override {
+    cpu::mse_loss(out, input, target, r);
+  }
+  void mse_loss_backward(const Tensor& grad_input, const Tensor& grad_target, const Tensor& grad, const Tensor& input,
+                         const Tensor& target, backend::LossReduction r) override {
+    cpu::mse_loss_backward(grad_input, grad_target, grad, input, target, r);
   }
 };
 

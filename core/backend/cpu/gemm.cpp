@@ -70,9 +70,10 @@ void gemm_2d(const Geometry& g, const S* a, const S* b, S* c) {
   }
 }
 
-// The same for float16 / bfloat16: widen op(A), op(B) to dense float, multiply, narrow.
-template <typename H>
-void gemm_2d_half(const Geometry& g, const H* a, const H* b, H* c) {
+// The same for float16 / bfloat16: widen op(A), op(B) to dense float, multiply, narrow
+// (O = H), or store the float result as it is (O = float: GemmArgs::c_float32).
+template <typename H, typename O>
+void gemm_2d_half(const Geometry& g, const H* a, const H* b, O* c) {
   std::vector<float> fa(static_cast<size_t>(g.m * g.k)), fb(static_cast<size_t>(g.k * g.n)),
       fc(static_cast<size_t>(g.m * g.n));
   for (int64_t i = 0; i < g.m; ++i)
@@ -81,25 +82,29 @@ void gemm_2d_half(const Geometry& g, const H* a, const H* b, H* c) {
   for (int64_t p = 0; p < g.k; ++p)
     for (int64_t j = 0; j < g.n; ++j)
       fb[static_cast<size_t>(p * g.n + j)] = static_cast<float>(g.tb ? b[j * g.ldb + p] : b[p * g.ldb + j]);
-  gemm_2d<float>({g.m, g.n, g.k, false, false, g.k, g.n, g.n}, fa.data(), fb.data(), fc.data());
-  for (int64_t i = 0; i < g.m; ++i)
-    for (int64_t j = 0; j < g.n; ++j) c[i * g.ldc + j] = H(fc[static_cast<size_t>(i * g.n + j)]);
+  if constexpr (std::is_same_v<O, float>) {
+    gemm_2d<float>({g.m, g.n, g.k, false, false, g.k, g.n, g.ldc}, fa.data(), fb.data(), c);
+  } else {
+    gemm_2d<float>({g.m, g.n, g.k, false, false, g.k, g.n, g.n}, fa.data(), fb.data(), fc.data());
+    for (int64_t i = 0; i < g.m; ++i)
+      for (int64_t j = 0; j < g.n; ++j) c[i * g.ldc + j] = O(fc[static_cast<size_t>(i * g.n + j)]);
+  }
 }
 
-template <typename T>
+template <typename T, typename O = T>
 void gemm_typed(const GemmArgs& args) {
   const Geometry g{args.m, args.n, args.k, args.trans_a, args.trans_b, args.lda, args.ldb, args.ldc};
   const T* a = static_cast<const T*>(args.a);
   const T* b = static_cast<const T*>(args.b);
-  T* c = static_cast<T*>(args.c);
+  O* c = static_cast<O*>(args.c);
   auto one = [&](int64_t i) {
     const T* ai = a + i * args.stride_a;
     const T* bi = b + i * args.stride_b;
-    T* ci = c + i * args.stride_c;
+    O* ci = c + i * args.stride_c;
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       gemm_2d<T>(g, ai, bi, ci);
     } else {
-      gemm_2d_half<T>(g, ai, bi, ci);
+      gemm_2d_half<T, O>(g, ai, bi, ci);
     }
   };
   const double flops = static_cast<double>(args.m) * static_cast<double>(args.n) * static_cast<double>(args.k);
@@ -124,9 +129,9 @@ void gemm(const GemmArgs& args) {
     case DType::Float64:
       return gemm_typed<double>(args);
     case DType::Float16:
-      return gemm_typed<Half>(args);
+      return args.c_float32 ? gemm_typed<Half, float>(args) : gemm_typed<Half>(args);
     case DType::BFloat16:
-      return gemm_typed<BFloat16>(args);
+      return args.c_float32 ? gemm_typed<BFloat16, float>(args) : gemm_typed<BFloat16>(args);
     default:
       TG_ERROR("matmul: dtype ", dtype_name(args.dtype),
                " is not supported on cpu (float32, float64, float16, bfloat16 only)");

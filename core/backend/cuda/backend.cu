@@ -35,6 +35,7 @@ class CudaBackend final : public Backend {
     cuda::kern::reduce(args);
   }
   void gemm(const GemmArgs& args) override { cuda::detail::gemm(args); }
+  bool gemm_fuses(const GemmArgs& args) override { return cuda::detail::gemm_fuses(args); }
   void uniform(const Tensor& out, uint64_t seed, uint64_t offset, double lo, double hi) override {
     if (out.numel() == 0) return;
     cuda::detail::DeviceGuard guard(device_of(out));
@@ -67,6 +68,25 @@ class CudaBackend final : public Backend {
     if (out.numel() == 0) return;
     cuda::detail::DeviceGuard guard(device_of(out));
     cuda::kern::index_select(out, in, dim, index);
+  }
+  void gather_rows(const std::vector<Tensor>& outs, const std::vector<Tensor>& ins, const Tensor& index) override {
+    if (ins.empty() || index.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(index));
+    cuda::kern::gather_rows(outs, ins, index);
+  }
+  void mse_loss(const Tensor& out, const Tensor& input, const Tensor& target, LossReduction r) override {
+    cuda::detail::DeviceGuard guard(device_of(input));
+    cuda::kern::mse_loss(out, input, target, r);
+  }
+  void mse_loss_backward(const Tensor& grad_input, const Tensor& grad_target, const Tensor& grad, const Tensor& input,
+                         const Tensor& target, LossReduction r) override {
+    if (input.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(input));
+    cuda::kern::mse_loss_backward(grad_input, grad_target, grad, input, target, r);
+  }
+  void linear_grad_weight_bias(const Tensor& gw, const Tensor& gb, const Tensor& g, const Tensor& x) override {
+    cuda::detail::DeviceGuard guard(device_of(x));
+    cuda::kern::linear_grad_weight_bias(gw, gb, g, x);
   }
 };
 

@@ -1,6 +1,8 @@
 // cuBLAS / cuBLASLt handles, the per-stream workspace, and the gemm of the CUDA
 // backend. Row-major C = A B is computed as the column-major C^T = B^T A^T: the
 // libraries get (B, A) with m and n swapped, so no data is ever transposed.
+// float32 goes to cublasGemmEx, float64 to cublasDgemm; float16 / bfloat16, a float32 C
+// from half operands, and every fused epilogue (bias, bias gradient) go to cuBLASLt.
 #include "core/backend/cuda/blas.h"
 
 #include <array>
@@ -79,7 +81,10 @@ using LtPref = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>
 struct LtPlan {
   LtDesc desc;
   LtLayout a, b, c;  // in cuBLAS terms: a = our B, b = our A
-  cublasLtMatmulAlgo_t algo;
+  cublasLtMatmulAlgo_t algo{};
+  bool ok = false;  // the heuristic found an algorithm (always true for plans without an epilogue)
+  // Held from setting the desc's epilogue pointer until the matmul is enqueued (threads share plans).
+  mutable std::mutex mu;
 };
 using LtKey = std::array<int64_t, 16>;
 struct LtPlans {
@@ -112,7 +117,41 @@ LtLayout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld
   return owned;
 }
 
-const LtPlan& lt_plan(const backend::GemmArgs& g, int device, cudaDataType_t type) {
+cudaDataType_t lt_type(DType t) {
+  switch (t) {
+    case kFloat32:
+      return CUDA_R_32F;
+    case kFloat16:
+      return CUDA_R_16F;
+    case kBFloat16:
+      return CUDA_R_16BF;
+    default:
+      TG_ERROR("matmul: cuBLASLt path does not support dtype ", dtype_name(t));
+  }
+}
+
+// Our row-major epilogues in cuBLAS's column-major terms (D = C^T, cuBLAS A = our B): the bias
+// runs along D's rows (our columns); our A's row sums are cuBLAS B's sums over k (BGRADB), our
+// B's column sums cuBLAS A's (BGRADA).
+cublasLtEpilogue_t lt_epilogue(backend::GemmEpilogue e) {
+  switch (e) {
+    case backend::GemmEpilogue::None:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+    case backend::GemmEpilogue::Bias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case backend::GemmEpilogue::RowSumsA:
+      return CUBLASLT_EPILOGUE_BGRADB;
+    case backend::GemmEpilogue::ColSumsB:
+      return CUBLASLT_EPILOGUE_BGRADA;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// The plan for g, built on first use. A plan with an epilogue the library has no kernel for
+// comes back with ok = false (gemm_fuses then says no); without one that is an error.
+const LtPlan& lt_plan(const backend::GemmArgs& g, int device) {
+  const bool tf32 = g.dtype == kFloat32 && tg::allow_tf32();
+  const bool epi = g.epilogue != backend::GemmEpilogue::None;
   const LtKey key = {device,
                      static_cast<int64_t>(g.dtype),
                      g.m,
@@ -128,26 +167,37 @@ const LtPlan& lt_plan(const backend::GemmArgs& g, int device, cudaDataType_t typ
                      g.stride_b,
                      g.stride_c,
                      alignment(g.a) * 1024 * 1024 + alignment(g.b) * 1024 + alignment(g.c),
-                     0};
+                     static_cast<int64_t>(g.c_float32) | static_cast<int64_t>(g.epilogue) << 1 |
+                         static_cast<int64_t>(tf32) << 4 | (epi ? alignment(g.epilogue_ptr) : 0) << 8};
   LtPlans& cache = lt_plans();
   std::lock_guard<std::mutex> lock(cache.mu);
   auto it = cache.plans.find(key);
   if (it != cache.plans.end()) return *it->second;
 
+  const cudaDataType_t type = lt_type(g.dtype), c_type = g.c_float32 ? CUDA_R_32F : type;
   auto plan = std::make_unique<LtPlan>();
   cublasLtMatmulDesc_t desc = nullptr;
-  TG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  TG_CUBLAS_CHECK(
+      cublasLtMatmulDescCreate(&desc, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
   plan->desc.reset(desc);
   const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS "A" is our B
   const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (epi) {
+    // The vector has C's type (cuBLASLt's default for bias and bias gradient). The heuristic
+    // reads the pointer's alignment; each call sets its own pointer (same alignment class).
+    const cublasLtEpilogue_t e = lt_epilogue(g.epilogue);
+    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)));
+    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.epilogue_ptr,
+                                                   sizeof(g.epilogue_ptr)));
+  }
   // Column-major views: our B is n x k (k x n stored when transposed), our A is k x m (m x k), C is n x m.
   plan->a = g.trans_b ? make_layout(type, g.k, g.n, g.ldb, g.batch, g.stride_b)
                       : make_layout(type, g.n, g.k, g.ldb, g.batch, g.stride_b);
   plan->b = g.trans_a ? make_layout(type, g.m, g.k, g.lda, g.batch, g.stride_a)
                       : make_layout(type, g.k, g.m, g.lda, g.batch, g.stride_a);
-  plan->c = make_layout(type, g.n, g.m, g.ldc, g.batch, g.stride_c);
+  plan->c = make_layout(c_type, g.n, g.m, g.ldc, g.batch, g.stride_c);
 
   cublasLtMatmulPreference_t pref_raw = nullptr;
   TG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_raw));
@@ -167,10 +217,13 @@ const LtPlan& lt_plan(const backend::GemmArgs& g, int device, cudaDataType_t typ
                                                        sizeof(align_c)));
   cublasLtMatmulHeuristicResult_t result{};
   int returned = 0;
-  TG_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(device), desc, plan->a.get(), plan->b.get(),
-                                                 plan->c.get(), plan->c.get(), pref_raw, 1, &result, &returned));
-  TG_CHECK(returned > 0, "matmul: cuBLASLt has no algorithm for ", dtype_name(g.dtype), " [", g.batch, ", ", g.m, ", ",
-           g.k, "] x [", g.k, ", ", g.n, "]");
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(device), desc, plan->a.get(), plan->b.get(), plan->c.get(),
+                                     plan->c.get(), pref_raw, 1, &result, &returned);
+  if (!epi) TG_CUBLAS_CHECK(st);  // with an epilogue, any refusal means: not fused, fall back
+  plan->ok = st == CUBLAS_STATUS_SUCCESS && returned > 0;
+  TG_CHECK(plan->ok || epi, "matmul: cuBLASLt has no algorithm for ", dtype_name(g.dtype), " [", g.batch, ", ", g.m,
+           ", ", g.k, "] x [", g.k, ", ", g.n, "]", g.c_float32 ? " with a float32 result" : "");
   plan->algo = result.algo;
   return *cache.plans.emplace(key, std::move(plan)).first->second;
 }
@@ -232,7 +285,7 @@ void gemm(const backend::GemmArgs& g) {
   const int device = g.device.index() >= 0 ? g.device.index() : resolve(-1);
   DeviceGuard guard(device);
   cudaStream_t stream = current_stream_handle(device);
-  const size_t esize = element_size(g.dtype);
+  const size_t esize = g.c_float32 ? sizeof(float) : element_size(g.dtype);  // of C
 
   if (g.k == 0) {  // an empty sum: C = 0
     if (g.batch == 1 || g.stride_c == g.m * g.n) {
@@ -261,6 +314,7 @@ void gemm(const backend::GemmArgs& g) {
 
   switch (g.dtype) {
     case kFloat32: {
+      if (g.epilogue != backend::GemmEpilogue::None) break;  // cuBLASLt, below
       cublasHandle_t h = cublas_handle(device);
       size_t ws_size = 0;
       void* ws = cublas_workspace(device, &ws_size);
@@ -278,6 +332,7 @@ void gemm(const backend::GemmArgs& g) {
       return;
     }
     case kFloat64: {
+      TG_CHECK(g.epilogue == backend::GemmEpilogue::None, "matmul: no fused epilogue for float64 (ask gemm_fuses)");
       cublasHandle_t h = cublas_handle(device);
       size_t ws_size = 0;
       void* ws = cublas_workspace(device, &ws_size);
@@ -295,21 +350,43 @@ void gemm(const backend::GemmArgs& g) {
       return;
     }
     case kFloat16:
-    case kBFloat16: {
-      const cudaDataType_t type = g.dtype == kFloat16 ? CUDA_R_16F : CUDA_R_16BF;
-      const LtPlan& plan = lt_plan(g, device, type);
-      size_t ws_size = 0;
-      void* ws = cublas_workspace(device, &ws_size);
-      const float alpha = 1.f, beta = 0.f;
-      TG_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(device), plan.desc.get(), &alpha, g.b, plan.a.get(), g.a,
-                                     plan.b.get(), &beta, g.c, plan.c.get(), g.c, plan.c.get(), &plan.algo, ws, ws_size,
-                                     stream));
-      return;
-    }
+    case kBFloat16:
+      break;  // cuBLASLt, below
     default:
       TG_ERROR("matmul: CUDA gemm does not support dtype ", dtype_name(g.dtype),
                " (float32, float64, float16, bfloat16 only)");
   }
+
+  TG_CHECK(!g.c_float32 || is_reduced_float(g.dtype),
+           "matmul: a float32 result is for float16 / bfloat16 operands, got ", dtype_name(g.dtype));
+  const LtPlan& plan = lt_plan(g, device);
+  TG_CHECK(plan.ok, "matmul: cuBLASLt cannot fuse this epilogue for ", dtype_name(g.dtype), " [", g.m, ", ", g.k,
+           "] x [", g.k, ", ", g.n, "] (ask gemm_fuses first)");
+  size_t ws_size = 0;
+  void* ws = cublas_workspace(device, &ws_size);
+  const float alpha = 1.f, beta = 0.f;
+  cublasLtHandle_t lt = cublaslt_handle(device);
+  if (g.epilogue == backend::GemmEpilogue::None) {
+    TG_CUBLAS_CHECK(cublasLtMatmul(lt, plan.desc.get(), &alpha, g.b, plan.a.get(), g.a, plan.b.get(), &beta, g.c,
+                                   plan.c.get(), g.c, plan.c.get(), &plan.algo, ws, ws_size, stream));
+    return;
+  }
+  std::lock_guard<std::mutex> lock(plan.mu);
+  TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.epilogue_ptr,
+                                                 sizeof(g.epilogue_ptr)));
+  TG_CUBLAS_CHECK(cublasLtMatmul(lt, plan.desc.get(), &alpha, g.b, plan.a.get(), g.a, plan.b.get(), &beta, g.c,
+                                 plan.c.get(), g.c, plan.c.get(), &plan.algo, ws, ws_size, stream));
+}
+
+bool gemm_fuses(const backend::GemmArgs& g) {
+  if (g.epilogue == backend::GemmEpilogue::None) return true;
+  if (g.batch != 1 || g.m == 0 || g.n == 0 || g.k == 0 || g.epilogue_ptr == nullptr) return false;
+  if (g.dtype != kFloat32 && g.dtype != kFloat16 && g.dtype != kBFloat16) return false;
+  for (int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldc})
+    if (v > INT_MAX) return false;
+  const int device = g.device.index() >= 0 ? g.device.index() : resolve(-1);
+  DeviceGuard guard(device);
+  return lt_plan(g, device).ok;
 }
 
 }  // namespace tg::cuda::detail

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <atomic>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -253,11 +254,19 @@ void Graph::capture(const std::function<void()>& fn) {
   capture_end();
 }
 
+namespace detail {
+namespace {
+std::atomic<void (*)()> g_before_replay{nullptr};
+}  // namespace
+void set_before_replay_hook(void (*hook)()) { g_before_replay.store(hook); }
+}  // namespace detail
+
 void Graph::replay() {
   TG_CHECK(!is_capturing(), "tg::cuda::Graph::replay: still capturing; call capture_end() first");
   TG_CHECK(is_captured(), "tg::cuda::Graph::replay: nothing captured (call capture() first)");
   Impl& m = *impl_;
   detail::DeviceGuard g(m.device);
+  if (auto hook = detail::g_before_replay.load(std::memory_order_relaxed)) hook();
   TG_CUDA_CHECK(cudaGraphLaunch(m.exec, detail::current_stream_handle(m.device)));
 }
 
@@ -268,6 +277,11 @@ void Graph::reset() {
 bool Graph::is_captured() const { return impl_ && impl_->exec; }
 bool Graph::is_capturing() const { return impl_ && impl_->capturing; }
 int Graph::device() const { return impl_ ? impl_->device : -1; }
+
+void Graph::debug_dot(const std::string& path) const {
+  TG_CHECK(impl_ && impl_->graph, "tg::cuda::Graph::debug_dot: nothing captured");
+  TG_CUDA_CHECK(cudaGraphDebugDotPrint(impl_->graph, path.c_str(), cudaGraphDebugDotFlagsVerbose));
+}
 
 size_t Graph::num_nodes() const {
   if (!impl_ || !impl_->graph) return 0;

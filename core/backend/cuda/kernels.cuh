@@ -16,5 +16,10 @@ void arange(const Tensor& out, double start, double step);  // index.cu
 void index_select(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index);
 void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
 void add_n(const Tensor& out, const std::vector<Tensor>& inputs);
+void gather_rows(const std::vector<Tensor>& outs, const std::vector<Tensor>& ins, const Tensor& index);  // gather_rows.cu
+void mse_loss(const Tensor& out, const Tensor& input, const Tensor& target, backend::LossReduction r);  // loss.cu
+void mse_loss_backward(const Tensor& grad_input, const Tensor& grad_target, const Tensor& grad, const Tensor& input,
+                       const Tensor& target, backend::LossReduction r);
+void linear_grad_weight_bias(const Tensor& gw, const Tensor& gb, const Tensor& g, const Tensor& x);  // linear_grad.cu
 
 }  // namespace tg::cuda::kern

@@ -12,6 +12,13 @@
 // (16-byte vectors when aligned), calls op(M (&v)[Depth]) per element in "opmath"
 // M (float for half/bfloat16) and stores back the lists named in kWriteMask.
 // Used by the fused optimizers (optim/cuda) and the AMP grad scaler (amp/cuda).
+//
+// Per-tensor counters (the optimizers' float step counts behind aux) are read by
+// every block of a tensor and advanced in the same launch: the last block of the
+// launch that holds a tensor's final chunk adds one (advance_counts_when_done),
+// found through a device done-counter that it re-arms, so no block can read a
+// count that was already advanced. Entries with numel 0 and an aux pointer keep a
+// slot (their count advances too).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -35,7 +42,8 @@ inline constexpr int kMaxBlocks = 320;        // blocks per launch (one chunk ea
 
 // Tensors per launch by list depth, sized so TensorListMeta stays < 3.7 KB.
 template <int Depth>
-inline constexpr int kMaxTensors = Depth == 1 ? 80 : Depth == 2 ? 64 : Depth == 3 ? 48 : Depth == 4 ? 36 : 30;
+inline constexpr int kMaxTensors =
+    Depth == 1 ? 80 : Depth == 2 ? 64 : Depth == 3 ? 48 : Depth == 4 ? 36 : Depth == 5 ? 30 : 26;
 
 template <int Depth>
 struct TensorListMeta {
@@ -44,12 +52,14 @@ struct TensorListMeta {
   int64_t numel[kMaxTensors<Depth>];
   uint8_t block_to_tensor[kMaxBlocks];
   int32_t block_to_chunk[kMaxBlocks];
+  // Bit t: this launch holds the final chunk of tensor slot t (its count advances here).
+  uint32_t last_chunk_here[(kMaxTensors<Depth> + 31) / 32];
   int32_t num_blocks;
   int32_t num_tensors;
 };
 static_assert(sizeof(TensorListMeta<1>) <= 3700 && sizeof(TensorListMeta<2>) <= 3700 &&
                   sizeof(TensorListMeta<3>) <= 3700 && sizeof(TensorListMeta<4>) <= 3700 &&
-                  sizeof(TensorListMeta<5>) <= 3700,
+                  sizeof(TensorListMeta<5>) <= 3700 && sizeof(TensorListMeta<6>) <= 3700,
               "kernel arguments must leave room under 4 KB");
 static_assert(kMaxTensors<1> < 256, "block_to_tensor is 8-bit");
 
@@ -99,34 +109,49 @@ class MultiTensorPlan {
     std::memset(&cur, 0, sizeof(cur));
     int nt = 0, nb = 0;
     auto flush = [&] {
+      if (nb == 0) {  // only empty tensors: one block with an empty chunk runs the launch's epilogue
+        cur.block_to_tensor[0] = 0;
+        cur.block_to_chunk[0] = 0;
+        nb = 1;
+      }
       cur.num_blocks = nb;
       cur.num_tensors = nt;
       launches_.push_back(cur);
       std::memset(&cur, 0, sizeof(cur));
       nt = nb = 0;
     };
+    auto mark_last = [&](int slot) { cur.last_chunk_here[slot / 32] |= 1u << (slot % 32); };
+    auto add_slot = [&](const TensorListEntry<Depth>& e) {
+      if (nt == kMaxTensors<Depth>) flush();
+      for (int d = 0; d < Depth; ++d) cur.addresses[d][nt] = e.ptrs[d];
+      cur.aux[nt] = e.aux;
+      cur.numel[nt] = e.numel;
+      ++nt;
+    };
     for (const auto& e : entries_) {
-      if (e.numel == 0) continue;
+      if (e.numel == 0) {
+        if (e.aux == nullptr) continue;
+        add_slot(e);  // no chunk, but its count advances with the launch
+        mark_last(nt - 1);
+        continue;
+      }
       const int64_t chunks = (e.numel + chunk_size_ - 1) / chunk_size_;
       bool in_cur = false;
       for (int64_t c = 0; c < chunks; ++c) {
         if (!in_cur) {
-          if (nt == kMaxTensors<Depth>) flush();
-          for (int d = 0; d < Depth; ++d) cur.addresses[d][nt] = e.ptrs[d];
-          cur.aux[nt] = e.aux;
-          cur.numel[nt] = e.numel;
-          ++nt;
+          add_slot(e);
           in_cur = true;
         }
         cur.block_to_tensor[nb] = static_cast<uint8_t>(nt - 1);
         cur.block_to_chunk[nb] = static_cast<int32_t>(c);
+        if (c == chunks - 1) mark_last(nt - 1);
         if (++nb == kMaxBlocks) {
           flush();
           in_cur = false;
         }
       }
     }
-    if (nb > 0) flush();
+    if (nb > 0 || nt > 0) flush();
   }
 
   std::vector<TensorListEntry<Depth>> entries_;
@@ -190,42 +215,84 @@ __device__ __forceinline__ BlockChunk block_chunk(const TensorListMeta<Depth>& m
 
 // Runs op(v) on every element of this block's chunk, v[d] being the element of
 // list d in opmath; the lists whose bit is set in kWriteMask are stored back.
-template <class T, int Depth, unsigned kWriteMask, class Op>
+// With a Shadow type (__half / __nv_bfloat16), list Depth - 1 is a write-only
+// low-precision copy of list 0: it is not loaded, and after op it receives
+// from_opmath<Shadow>(v[0]) (the round-to-nearest-even cast of the value stored
+// in list 0, when T is float); a null address there skips the copy.
+template <class T, int Depth, unsigned kWriteMask, class Shadow = void, class Op>
 __device__ __forceinline__ void chunk_foreach(const TensorListMeta<Depth>& meta, int64_t chunk_size, Op op) {
   using M = opmath_t<T>;
+  constexpr bool kShadow = !std::is_void_v<Shadow>;
+  constexpr int kLoaded = kShadow ? Depth - 1 : Depth;  // lists of type T
+  using S = std::conditional_t<kShadow, Shadow, T>;
+  static_assert(!kShadow || (Depth >= 2 && !(kWriteMask & (1u << (Depth - 1)))),
+                "the shadow list is the last one and is written by chunk_foreach itself");
   const BlockChunk bc = block_chunk(meta, chunk_size);
   T* ptr[Depth];
+  S* shadow = nullptr;
   bool aligned = bc.n % kILP == 0 && chunk_size % kILP == 0;
 #pragma unroll
-  for (int d = 0; d < Depth; ++d) {
+  for (int d = 0; d < kLoaded; ++d) {
     ptr[d] = static_cast<T*>(meta.addresses[d][bc.tensor]) + bc.offset;
     aligned = aligned && reinterpret_cast<uintptr_t>(ptr[d]) % sizeof(AlignedVec<T>) == 0;
   }
+  if constexpr (kShadow) {
+    if (meta.addresses[Depth - 1][bc.tensor] != nullptr) {
+      shadow = static_cast<S*>(meta.addresses[Depth - 1][bc.tensor]) + bc.offset;
+      aligned = aligned && reinterpret_cast<uintptr_t>(shadow) % sizeof(AlignedVec<S>) == 0;
+    }
+  }
   M r[Depth][kILP];
   if (aligned) {
-    for (int64_t i = threadIdx.x; i * kILP < bc.n; i += blockDim.x) {
+    // kU vectors per list in flight per thread: all loads of a round before any store, so
+    // that a 512-thread block keeps enough bytes in flight to run at memory bandwidth.
+    constexpr int kU = kLoaded <= 2 ? 4 : 2;
+    const int64_t nvec = bc.n / kILP;
+    for (int64_t i0 = threadIdx.x; i0 < nvec; i0 += static_cast<int64_t>(blockDim.x) * kU) {
+      AlignedVec<T> in[kU][kLoaded];
 #pragma unroll
-      for (int d = 0; d < Depth; ++d) {
-        AlignedVec<T> vec = reinterpret_cast<const AlignedVec<T>*>(ptr[d])[i];
+      for (int u = 0; u < kU; ++u) {
+        const int64_t i = i0 + static_cast<int64_t>(u) * blockDim.x;
+        if (i < nvec) {
 #pragma unroll
-        for (int ii = 0; ii < kILP; ++ii) r[d][ii] = to_opmath(vec.v[ii]);
+          for (int d = 0; d < kLoaded; ++d) in[u][d] = reinterpret_cast<const AlignedVec<T>*>(ptr[d])[i];
+        }
       }
 #pragma unroll
-      for (int ii = 0; ii < kILP; ++ii) {
-        M e[Depth];
+      for (int u = 0; u < kU; ++u) {
+        const int64_t i = i0 + static_cast<int64_t>(u) * blockDim.x;
+        if (i >= nvec) continue;
 #pragma unroll
-        for (int d = 0; d < Depth; ++d) e[d] = r[d][ii];
-        op(e);
+        for (int d = 0; d < kLoaded; ++d) {
 #pragma unroll
-        for (int d = 0; d < Depth; ++d) r[d][ii] = e[d];
-      }
+          for (int ii = 0; ii < kILP; ++ii) r[d][ii] = to_opmath(in[u][d].v[ii]);
+        }
 #pragma unroll
-      for (int d = 0; d < Depth; ++d) {
-        if (kWriteMask & (1u << d)) {
-          AlignedVec<T> vec;
+        for (int ii = 0; ii < kILP; ++ii) {
+          M e[Depth];
 #pragma unroll
-          for (int ii = 0; ii < kILP; ++ii) vec.v[ii] = from_opmath<T>(r[d][ii]);
-          reinterpret_cast<AlignedVec<T>*>(ptr[d])[i] = vec;
+          for (int d = 0; d < Depth; ++d) e[d] = d < kLoaded ? r[d][ii] : M(0);
+          op(e);
+#pragma unroll
+          for (int d = 0; d < kLoaded; ++d) r[d][ii] = e[d];
+        }
+#pragma unroll
+        for (int d = 0; d < kLoaded; ++d) {
+          if (kWriteMask & (1u << d)) {
+            AlignedVec<T> vec;
+#pragma unroll
+            for (int ii = 0; ii < kILP; ++ii) vec.v[ii] = from_opmath<T>(r[d][ii]);
+            reinterpret_cast<AlignedVec<T>*>(ptr[d])[i] = vec;
+          }
+        }
+        if constexpr (kShadow) {
+          if (shadow != nullptr) {
+            AlignedVec<S> vec;
+#pragma unroll
+            for (int ii = 0; ii < kILP; ++ii)
+              vec.v[ii] = from_opmath<S>(static_cast<opmath_t<S>>(from_opmath<T>(r[0][ii])));
+            reinterpret_cast<AlignedVec<S>*>(shadow)[i] = vec;
+          }
         }
       }
     }
@@ -235,28 +302,52 @@ __device__ __forceinline__ void chunk_foreach(const TensorListMeta<Depth>& meta,
       for (int ii = 0; ii < kILP; ++ii) {
         const int64_t idx = base + threadIdx.x + static_cast<int64_t>(ii) * blockDim.x;
 #pragma unroll
-        for (int d = 0; d < Depth; ++d) r[d][ii] = idx < bc.n ? to_opmath(ptr[d][idx]) : M(0);
+        for (int d = 0; d < kLoaded; ++d) r[d][ii] = idx < bc.n ? to_opmath(ptr[d][idx]) : M(0);
       }
 #pragma unroll
       for (int ii = 0; ii < kILP; ++ii) {
         M e[Depth];
 #pragma unroll
-        for (int d = 0; d < Depth; ++d) e[d] = r[d][ii];
+        for (int d = 0; d < Depth; ++d) e[d] = d < kLoaded ? r[d][ii] : M(0);
         op(e);
 #pragma unroll
-        for (int d = 0; d < Depth; ++d) r[d][ii] = e[d];
+        for (int d = 0; d < kLoaded; ++d) r[d][ii] = e[d];
       }
 #pragma unroll
       for (int ii = 0; ii < kILP; ++ii) {
         const int64_t idx = base + threadIdx.x + static_cast<int64_t>(ii) * blockDim.x;
         if (idx < bc.n) {
 #pragma unroll
-          for (int d = 0; d < Depth; ++d)
+          for (int d = 0; d < kLoaded; ++d)
             if (kWriteMask & (1u << d)) ptr[d][idx] = from_opmath<T>(r[d][ii]);
+          if constexpr (kShadow) {
+            if (shadow != nullptr) shadow[idx] = from_opmath<S>(static_cast<opmath_t<S>>(from_opmath<T>(r[0][ii])));
+          }
         }
       }
     }
   }
+}
+
+// The epilogue of a launch whose blocks read per-tensor float counts through aux:
+// call it from every thread of every block after the block's last read of a count.
+// The last block to get here adds 1 to the count of every slot whose final chunk is
+// in this launch and re-arms `done` (a zero device counter owned by the caller, one
+// per stream of launches: launches on one stream never overlap). Every block of a
+// launch must call it, or none (e.g. all of them return early on found_inf).
+template <int Depth>
+__device__ __forceinline__ void advance_counts_when_done(const TensorListMeta<Depth>& meta, unsigned int* done) {
+  __syncthreads();  // every thread of this block is past its reads
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  if (atomicAdd(done, 1u) != gridDim.x - 1) return;
+  __threadfence();  // every other block's reads happened before its increment
+  for (int t = 0; t < meta.num_tensors; ++t) {
+    if (!((meta.last_chunk_here[t / 32] >> (t % 32)) & 1u)) continue;
+    float* count = static_cast<float*>(meta.aux[t]);
+    if (count != nullptr) *count += 1.f;
+  }
+  *done = 0u;
 }
 
 }  // namespace tg::cuda::mt

@@ -51,6 +51,10 @@ class DeviceGuard {
 };
 
 cudaStream_t current_stream_handle(int device);
+
+// Run on the current stream before every tg::cuda::Graph replay (amp uses it to recast
+// shadow weights whose float32 parameter was edited since capture). One hook; null clears.
+void set_before_replay_hook(void (*hook)());
 // Whether the current stream of `device` is being captured into a CUDA graph (then nothing
 // may synchronise with the host, so host-side checks that read device data are skipped).
 bool current_stream_capturing(int device);
