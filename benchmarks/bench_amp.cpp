@@ -75,6 +75,30 @@ Result run_loop(const Options& o, std::optional<tg::DType> low) {
   return {median(us), static_cast<double>(tg::cuda::max_memory_allocated()) / (1024.0 * 1024.0)};
 }
 
+// The graphed float16 loop's state, on a side stream (capture needs a stream other than
+// the legacy default). phases: the step up to and including phase 1 forward, 2 backward,
+// 3 scaler.step (inf check + SGD), 4 scaler.update; eager calls (last = false) always update.
+struct GraphedAmp {
+  GraphedAmp() : guard(side) {}
+  void step(int phases = 4, bool last = false) {
+    opt.zero_grad();
+    tg::Tensor loss;
+    {
+      tg::amp::autocast ac(tg::kCUDA, tg::kFloat16);
+      loss = model(inp).pow(2).mean();
+    }
+    if (phases >= 2) scaler.scale(loss).backward();
+    if (phases >= 3) scaler.step(opt);
+    if (phases >= 4 || (phases == 3 && !last)) scaler.update();
+  }
+  tg::cuda::Stream side;
+  tg::cuda::StreamGuard guard;
+  tg::nn::Linear model{kFeatures, kFeatures, true, tg::TensorOptions().device(tg::kCUDA)};
+  tg::optim::SGD opt{model.parameters(), {.lr = 1e-3}};
+  tg::amp::GradScaler scaler;
+  tg::Tensor inp = tg::randn({kBatch, kFeatures}, tg::kCUDA);
+};
+
 // The float16 loop with the step captured into a CUDA graph: warm-up steps eagerly on a
 // side stream, one capture, then each timed step is copy_(randn) into the graph's input + replay().
 double run_graph_loop(const Options& o) {
@@ -82,24 +106,10 @@ double run_graph_loop(const Options& o) {
   tg::cuda::empty_cache();
   tg::manual_seed(0);
   const tg::Device dev(tg::kCUDA);
-  tg::cuda::Stream side;
-  tg::cuda::StreamGuard side_guard(side);
-  tg::nn::Linear model(kFeatures, kFeatures);
-  model.to(dev);
-  tg::optim::SGD opt(model.parameters(), {.lr = 1e-3});
-  tg::amp::GradScaler scaler;
-  tg::Tensor inp = tg::randn({kBatch, kFeatures}, dev);
-  auto train_step = [&] {
-    opt.zero_grad();
-    tg::Tensor loss;
-    {
-      tg::amp::autocast guard(tg::kCUDA, tg::kFloat16);
-      loss = model(inp).pow(2).mean();
-    }
-    scaler.scale(loss).backward();
-    scaler.step(opt);
-    scaler.update();
-  };
+  GraphedAmp g;
+  auto train_step = [&] { g.step(); };
+  auto& inp = g.inp;
+  auto& side = g.side;
   for (int i = 0; i < 3; ++i) train_step();
   tg::cuda::Graph graph;
   graph.capture(train_step);
@@ -131,25 +141,9 @@ void graph_phase_breakdown(const Options& o) {
   for (int phases = 1; phases <= 4; ++phases) {
     tg::cuda::synchronize();
     tg::manual_seed(0);
-    const tg::Device dev(tg::kCUDA);
-    tg::cuda::Stream side;
-    tg::cuda::StreamGuard side_guard(side);
-    tg::nn::Linear model(kFeatures, kFeatures);
-    model.to(dev);
-    tg::optim::SGD opt(model.parameters(), {.lr = 1e-3});
-    tg::amp::GradScaler scaler;
-    tg::Tensor inp = tg::randn({kBatch, kFeatures}, dev);
-    auto partial = [&](bool last) {
-      opt.zero_grad();
-      tg::Tensor loss;
-      {
-        tg::amp::autocast guard(tg::kCUDA, tg::kFloat16);
-        loss = model(inp).pow(2).mean();
-      }
-      if (phases >= 2) scaler.scale(loss).backward();
-      if (phases >= 3) scaler.step(opt);
-      if (phases >= 4 || (phases == 3 && !last)) scaler.update();  // eager warm-ups must update
-    };
+    GraphedAmp g;
+    auto partial = [&](bool last) { g.step(phases, last); };
+    auto& side = g.side;
     for (int i = 0; i < 3; ++i) partial(false);
     tg::cuda::Graph graph;
     graph.capture([&] { partial(true); });
