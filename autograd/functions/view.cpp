@@ -158,6 +158,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   if (!autograd::should_record_list(tensors)) return out;
   const int64_t d = detail::wrap_dim(dim, out.dim(), "cat");
   std::vector<int64_t> lengths;  // -1: an input that took no part (legacy empty 1-D)
+  lengths.reserve(tensors.size());
   for (const Tensor& t : tensors) lengths.push_back(t.dim() == out.dim() ? t.size(d) : -1);
   return record("cat", tensors, std::move(out), [lengths, d](const Tensor& g, const FunctionNode& n) -> Grads {
     Grads grads(lengths.size());
