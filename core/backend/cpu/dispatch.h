@@ -2,6 +2,8 @@
 // storage type of a runtime dtype, limited at compile time to the dtypes an op
 // supports, and throws a tg::Error naming the op and dtype for the rest.
 #pragma once
+#include <utility>
+
 #include "core/backend/backend.h"
 #include "core/backend/cpu/cpu.h"
 #include "core/backend/cpu/loops.h"
@@ -12,7 +14,7 @@ namespace tg::cpu {
 enum class Kinds { Float, Numeric, All };  // float types; + int32/int64; + bool
 
 template <Kinds K, typename F>
-void dispatch(backend::ElemOp op, DType t, F&& f) {
+void dispatch(const char* name, DType t, F&& f) {
   // NOLINTBEGIN(bugprone-branch-clone): the branches call f with different types
   switch (t) {
     case DType::Float32:
@@ -34,8 +36,13 @@ void dispatch(backend::ElemOp op, DType t, F&& f) {
       break;
   }
   // NOLINTEND(bugprone-branch-clone)
-  TG_ERROR(op_name(op), ": dtype ", dtype_name(t), " is not supported on cpu",
+  TG_ERROR(name, ": dtype ", dtype_name(t), " is not supported on cpu",
            K == Kinds::Float ? " (floating types only)" : "");
+}
+
+template <Kinds K, typename F>
+void dispatch(backend::ElemOp op, DType t, F&& f) {
+  dispatch<K>(op_name(op), t, std::forward<F>(f));
 }
 
 // Scalar parameter i in the op's compute type: dparams for floating types, iparams otherwise.

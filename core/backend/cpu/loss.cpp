@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/backend/cpu/cpu.h"
+#include "core/backend/cpu/dispatch.h"
 #include "core/backend/cpu/loops.h"
 #include "core/backend/cpu/thread_pool.h"
 #include "core/error.h"
@@ -16,30 +17,13 @@ namespace {
 
 using backend::LossReduction;
 
-template <typename F>
-void dispatch_floating(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::Float32:
-      return f(float{});
-    case DType::Float64:
-      return f(double{});
-    case DType::Float16:
-      return f(Half{});
-    case DType::BFloat16:
-      return f(BFloat16{});
-    default:
-      break;
-  }
-  TG_ERROR(op, ": dtype ", dtype_name(t), " is not supported (floating types only)");
-}
-
 constexpr int64_t kChunk = 1 << 16;  // elements per partial sum of a reduction
 
 }  // namespace
 
 void mse_loss(const Tensor& out, const Tensor& input, const Tensor& target, LossReduction r) {
   const int64_t n = input.numel();
-  dispatch_floating(input.dtype(), "mse_loss", [&](auto zero) {
+  dispatch<Kinds::Float>("mse_loss", input.dtype(), [&](auto zero) {
     using T = decltype(zero);
     using A = opmath_t<T>;
     const T* a = static_cast<const T*>(input.data_ptr());
@@ -81,7 +65,7 @@ void mse_loss_backward(const Tensor& grad_input, const Tensor& grad_target, cons
   const int64_t n = input.numel();
   const bool per_element = r == LossReduction::None && grad.numel() == n;
   const double norm = r == LossReduction::Mean ? 2.0 / static_cast<double>(n) : 2.0;
-  dispatch_floating(input.dtype(), "mse_loss_backward", [&](auto zero) {
+  dispatch<Kinds::Float>("mse_loss_backward", input.dtype(), [&](auto zero) {
     using T = decltype(zero);
     using A = opmath_t<T>;
     const T* a = static_cast<const T*>(input.data_ptr());

@@ -213,6 +213,21 @@ __device__ __forceinline__ BlockChunk block_chunk(const TensorListMeta<Depth>& m
   return {tensor, offset, n < chunk_size ? n : chunk_size};
 }
 
+// op(e) on each of a thread's kILP elements, e[d] being list d's value (0 for the write-only
+// shadow list); the loaded lists take the results back.
+template <int Depth, int kLoaded, class M, class Op>
+__device__ __forceinline__ void apply_op(M (&r)[Depth][kILP], Op& op) {
+#pragma unroll
+  for (int ii = 0; ii < kILP; ++ii) {
+    M e[Depth];
+#pragma unroll
+    for (int d = 0; d < Depth; ++d) e[d] = d < kLoaded ? r[d][ii] : M(0);
+    op(e);
+#pragma unroll
+    for (int d = 0; d < kLoaded; ++d) r[d][ii] = e[d];
+  }
+}
+
 // Runs op(v) on every element of this block's chunk, v[d] being the element of
 // list d in opmath; the lists whose bit is set in kWriteMask are stored back.
 // With a Shadow type (__half / __nv_bfloat16), list Depth - 1 is a write-only
@@ -267,15 +282,7 @@ __device__ __forceinline__ void chunk_foreach(const TensorListMeta<Depth>& meta,
 #pragma unroll
           for (int ii = 0; ii < kILP; ++ii) r[d][ii] = to_opmath(in[u][d].v[ii]);
         }
-#pragma unroll
-        for (int ii = 0; ii < kILP; ++ii) {
-          M e[Depth];
-#pragma unroll
-          for (int d = 0; d < Depth; ++d) e[d] = d < kLoaded ? r[d][ii] : M(0);
-          op(e);
-#pragma unroll
-          for (int d = 0; d < kLoaded; ++d) r[d][ii] = e[d];
-        }
+        apply_op<Depth, kLoaded>(r, op);
 #pragma unroll
         for (int d = 0; d < kLoaded; ++d) {
           if (kWriteMask & (1u << d)) {
@@ -304,15 +311,7 @@ __device__ __forceinline__ void chunk_foreach(const TensorListMeta<Depth>& meta,
 #pragma unroll
         for (int d = 0; d < kLoaded; ++d) r[d][ii] = idx < bc.n ? to_opmath(ptr[d][idx]) : M(0);
       }
-#pragma unroll
-      for (int ii = 0; ii < kILP; ++ii) {
-        M e[Depth];
-#pragma unroll
-        for (int d = 0; d < Depth; ++d) e[d] = d < kLoaded ? r[d][ii] : M(0);
-        op(e);
-#pragma unroll
-        for (int d = 0; d < kLoaded; ++d) r[d][ii] = e[d];
-      }
+      apply_op<Depth, kLoaded>(r, op);
 #pragma unroll
       for (int ii = 0; ii < kILP; ++ii) {
         const int64_t idx = base + threadIdx.x + static_cast<int64_t>(ii) * blockDim.x;
