@@ -5,8 +5,11 @@
 #include <atomic>
 #include <cmath>
 #include <type_traits>
+#include <set>
+#include <tuple>
 #include <vector>
 
+#include "amp/finite_witness.h"
 #include "core/error.h"
 #include "core/ops.h"
 #if defined(TG_WITH_CUDA)
@@ -76,6 +79,7 @@ void cpu_update_scale(const Tensor& scale, const Tensor& tracker, const std::vec
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
   if (!options_.enabled) return;
+  witnesses_ = detail::witness_token();
   TG_CHECK(options_.init_scale > 0 && std::isfinite(options_.init_scale),
            "GradScaler: init_scale must be positive and finite, got ", options_.init_scale);
   TG_CHECK(options_.growth_factor > 1.0, "GradScaler: growth_factor should be > 1, got ", options_.growth_factor);
@@ -108,6 +112,10 @@ Tensor GradScaler::scale(const Tensor& outputs) {
 Tensor GradScaler::check_grads(optim::Optimizer& opt, bool unscale, const char* op) {
   std::vector<Tensor> grads;
   std::vector<std::pair<Tensor, Tensor>> write_back;  // (the .grad, its contiguous working copy)
+  // A read-only check may read a gradient's finiteness witness instead of the gradient, each
+  // operand once (a linear's weight and bias gradients share the output gradient).
+  std::vector<Tensor> stand_ins;
+  std::set<std::tuple<const void*, int64_t, DType>> seen;
   for (const Tensor& p : opt.parameters()) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
@@ -115,6 +123,12 @@ Tensor GradScaler::check_grads(optim::Optimizer& opt, bool unscale, const char* 
              ") is not floating point");
     TG_CHECK(g.device() == scale_.device(), "GradScaler.", op, ": a gradient of shape ", g.sizes(), " is on ",
              g.device(), " but the scale is on ", scale_.device());
+    std::vector<Tensor> witness = detail::take_finite_witness(g, /*use=*/!unscale);  // consumed either way
+    if (!witness.empty()) {
+      for (Tensor& w : witness)
+        if (seen.emplace(w.data_ptr(), w.numel(), w.dtype()).second) stand_ins.push_back(std::move(w));
+      continue;
+    }
     if (!g.is_contiguous()) {
       Tensor c = g.contiguous();
       if (unscale) write_back.emplace_back(g, c);
@@ -122,6 +136,8 @@ Tensor GradScaler::check_grads(optim::Optimizer& opt, bool unscale, const char* 
     }
     grads.push_back(g);
   }
+  grads.insert(grads.end(), stand_ins.begin(), stand_ins.end());
+  detail::purge_finite_witnesses();  // entries of gradients that died unchecked
   // The optimizer's persistent flag: zero unless a check wrote it and no update cleared it since.
   FoundInfBuffer& buf = found_inf_buffers_[&opt];
   if (!buf.flag.defined() || buf.flag.device() != scale_.device()) {

@@ -126,6 +126,9 @@ Tensor randperm(int64_t n, DType dtype, Device device);
 // reproducible streams of permutations (DataLoader's seeded shuffle). Uses counters
 // [offset, offset + 2n); offset must be a multiple of 4.
 Tensor randperm(int64_t n, DType dtype, Device device, uint64_t seed, uint64_t offset);
+// In place into self (any layout; a non-dense self is filled through a dense temporary).
+void uniform_(const Tensor& self, double from, double to);
+void normal_(const Tensor& self, double mean, double std);
 Tensor arange(double start, double end, double step, DType dtype, Device device);
 // Reserves `count` Philox counters of the device's generator; returns (seed, offset).
 std::pair<uint64_t, uint64_t> philox_reserve(Device device, uint64_t count);

@@ -172,6 +172,16 @@ const Tensor& Tensor::fill_(Scalar v) const {
   native::fill_(*this, v);
   return finish_inplace(*this);
 }
+const Tensor& Tensor::uniform_(double from, double to) const {
+  autograd::check_inplace(*this, "uniform_");
+  native::uniform_(*this, from, to);
+  return finish_inplace(*this);
+}
+const Tensor& Tensor::normal_(double mean, double std) const {
+  autograd::check_inplace(*this, "normal_");
+  native::normal_(*this, mean, std);
+  return finish_inplace(*this);
+}
 const Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) const {
   autograd::check_inplace(*this, "copy_");
   native::copy_(*this, src, non_blocking);

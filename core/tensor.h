@@ -195,6 +195,10 @@ class Tensor {
   const Tensor& div_(Scalar o) const;
   const Tensor& zero_() const;
   const Tensor& fill_(Scalar v) const;
+  // Random fills from the device's Philox generator (floating dtypes): the same numbers that
+  // rand / randn of this shape would give after the same manual_seed.
+  const Tensor& uniform_(double from = 0.0, double to = 1.0) const;
+  const Tensor& normal_(double mean = 0.0, double std = 1.0) const;
   const Tensor& copy_(const Tensor& src, bool non_blocking = false) const;
 
   // ---- reductions (dims: one int or a list; empty = all)

@@ -10,7 +10,7 @@
 // the CPU (bfloat16 unless --dtype says otherwise; use fewer steps there).
 // --cuda-graph: after the warm-up steps (at least 3, on a side stream), one training
 // step is captured into a tg::cuda::Graph and the timed steps replay it. Each step's
-// fresh randn batch is copied into the input tensor the graph reads before the replay.
+// fresh randn batch is drawn into the input tensor the graph reads (normal_) before the replay.
 #include <tapegrad/tapegrad.h>
 
 #include <chrono>
@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
     tg::cuda::Graph graph;
     auto step = [&] {
       if (graph.is_captured()) {
-        inp.copy_(tg::randn({args.batch, args.features}, dev));  // new data into the graph's input
+        inp.normal_();  // new data, drawn straight into the graph's input
         graph.replay();
       } else {
         inp = tg::randn({args.batch, args.features}, dev);

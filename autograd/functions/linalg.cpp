@@ -5,6 +5,7 @@
 #include <tuple>
 #include <vector>
 
+#include "amp/finite_witness.h"
 #include "amp/hook.h"
 #include "autograd/function.h"
 #include "core/trace.h"
@@ -24,6 +25,19 @@ Tensor mT(const Tensor& t) { return native::transpose(t, t.dim() - 2, t.dim() - 
 // produced in the same layout, so the gradient reaching the stored tensor needs no
 // transposing copy.
 bool col_major(const Tensor& t) { return t.dim() == 2 && t.stride(0) == 1 && t.size(0) > 1 && t.stride(1) != 1; }
+
+// A float32 gradient just computed from float16 operands (a GEMM of g and other, or with other
+// undefined the sum of g over rows: a linear's bias) is finite iff they are: lets GradScaler
+// check them instead (amp/finite_witness.h).
+void note_wide_gemm(const Tensor& grad, const Tensor& g, const Tensor& other) {
+  if (!grad.defined() || grad.dtype() != kFloat32 || g.dtype() != kFloat16) return;
+  if (other.defined()) {
+    if (other.dtype() != kFloat16) return;
+    amp::detail::note_finite_witness(grad, {g, other});
+  } else {
+    amp::detail::note_finite_witness(grad, {g});
+  }
+}
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -53,6 +67,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
       // (..., m, k); for a column-major a, computed as (b g^T)^T to land in a's layout
       ga = !a1 && a_col ? mT(native::matmul(b2, mT(g2), dt)) : native::matmul(g2, mT(b2), dt);
       if (a1) ga = native::squeeze(ga, ga.dim() - 2);
+      note_wide_gemm(ga, g, bv);
     }
     if (n.needs_input_grad(1)) {
       Tensor av = sa.unpack();
@@ -61,6 +76,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
       // (..., k, n); for a column-major b, computed as (g^T a)^T to land in b's layout
       gb = !b1 && b_col ? mT(native::matmul(mT(g2), a2, dt)) : native::matmul(mT(a2), g2, dt);
       if (b1) gb = native::squeeze(gb, gb.dim() - 1);
+      note_wide_gemm(gb, g, av);
     }
     return {ga, gb};
   });
@@ -87,6 +103,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       std::tie(gw, gb) = native::linear_grad_weight_bias(g, need_w ? sx.unpack() : Tensor(), need_w, w_col,
                                                          grad_dtype_for(n, 1, g.dtype()), need_b,
                                                          grad_dtype_for(n, 2, g.dtype()));
+      if (need_w) note_wide_gemm(gw, g, sx.unpack());
+      if (need_b) note_wide_gemm(gb, g, Tensor());
     }
     return {gx, gw, gb};
   });

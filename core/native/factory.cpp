@@ -56,6 +56,38 @@ Tensor randn(const Shape& sizes, DType dtype, Device device) {
   return t;
 }
 
+namespace {
+// Fills self from the generator as rand / randn of its shape would: dense selves directly,
+// others through a dense temporary in their logical order.
+template <class Fill>
+void random_fill_(const Tensor& self, const char* op, Fill&& fill) {
+  TG_CHECK(is_floating(self.dtype()), op, ": dtype must be floating point, got ", self.dtype(), " (shape ",
+           self.sizes(), ")");
+  if (self.numel() == 0) return;
+  Tensor dst = self.is_contiguous() ? self : empty(self.sizes(), self.dtype(), self.device());
+  auto [seed, off] =
+      philox_reserve(dst.device(), philox::counters_for(dst.numel(), static_cast<int>(element_size(dst.dtype()))));
+  fill(backend::get(dst.device().type()), dst, seed, off);
+  if (!self.is_contiguous()) copy_(self, dst);
+}
+}  // namespace
+
+void uniform_(const Tensor& self, double from, double to) {
+  TG_CHECK(std::isfinite(from) && std::isfinite(to) && from <= to, "uniform_: expected finite from <= to, got from = ",
+           from, ", to = ", to);
+  random_fill_(self, "uniform_", [&](backend::Backend& b, const Tensor& t, uint64_t seed, uint64_t off) {
+    b.uniform(t, seed, off, from, to);
+  });
+}
+
+void normal_(const Tensor& self, double mean, double std) {
+  TG_CHECK(std::isfinite(mean) && std::isfinite(std) && std >= 0,
+           "normal_: expected a finite mean and a finite std >= 0, got mean = ", mean, ", std = ", std);
+  random_fill_(self, "normal_", [&](backend::Backend& b, const Tensor& t, uint64_t seed, uint64_t off) {
+    b.normal(t, seed, off, mean, std);
+  });
+}
+
 Tensor randperm(int64_t n, DType dtype, Device device) {
   TG_CHECK(n >= 0, "randperm: n must be non-negative, got ", n);
   TG_CHECK(dtype == kInt64 || dtype == kInt32, "randperm: dtype must be int64 or int32, got ", dtype);

@@ -13,6 +13,8 @@
 
 #include <tapegrad/tapegrad.h>
 
+#include "amp/finite_witness.h"
+
 namespace tg::testing {
 namespace {
 
@@ -361,6 +363,119 @@ TEST(GradScaler, DisabledIsTransparent) {
   EXPECT_NE(s.w.detach().to_vector<float>(), w0);
   EXPECT_EQ(scaler.get_scale(), 1.0);
   EXPECT_TRUE(scaler.state_dict().empty());
+}
+
+// The check reads the float16 operands of a float32 weight gradient instead of the gradient
+// (amp/finite_witness.h). Whatever the operands hold, found_inf must equal whether the
+// gradient itself has a non-finite element (computed here on the host), including an
+// infinity met by zeros (inf * 0 = NaN) and the largest float16 values (no overflow in
+// float32). x @ w under float16 autocast, w a float32 leaf [256, 256], x [32, 256]; the
+// gradient reaching the product is the float16 tensor gout (loss = sum(out * gout), scale 1).
+struct WitnessCase {
+  const char* name;
+  float x_fill;          // every element of x
+  float gout_fill;       // every element of gout
+  int inf_row = -1;      // x[inf_row][5] = +inf and gout[inf_row][:] = 0
+  int nan_row = -1;      // gout[nan_row][7] = NaN
+  bool expect_non_finite;
+};
+
+void run_witness_case(Device dev, const WitnessCase& c) {
+  SCOPED_TRACE(std::string(c.name) + " on " + dev.str());
+  constexpr int64_t kB = 32, kIn = 256, kOut = 256;
+  manual_seed(5);
+  Tensor w = (randn({kIn, kOut}, TensorOptions().device(dev)) * 0.01).requires_grad_();
+  std::vector<float> xv(kB * kIn, c.x_fill), gv(kB * kOut, c.gout_fill);
+  if (c.inf_row >= 0) {
+    xv[c.inf_row * kIn + 5] = std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < kOut; ++j) gv[c.inf_row * kOut + j] = 0.f;
+  }
+  if (c.nan_row >= 0) gv[c.nan_row * kOut + 7] = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = tensor(xv, {kB, kIn}, TensorOptions().device(dev));
+  Tensor gout = tensor(gv, {kB, kOut}, TensorOptions().device(dev)).to(kFloat16);
+  optim::SGD opt({w}, {.lr = 0.1});
+  amp::GradScaler scaler({.init_scale = 1.0});
+  amp::detail::reset_finite_witness_hits();
+  Tensor loss;
+  {
+    amp::autocast ac(dev.type(), kFloat16);
+    loss = (matmul(x, w) * gout).sum();
+  }
+  scaler.scale(loss).backward();
+  ASSERT_EQ(w.grad().dtype(), kFloat32);
+  // The reference: the gradient itself, read on the host.
+  bool non_finite = false;
+  for (float v : w.grad().to_vector<float>()) non_finite |= !std::isfinite(v);
+  ASSERT_EQ(non_finite, c.expect_non_finite) << "the case does not test what it says";
+  const std::vector<uint8_t> before = bytes_of(w);
+  scaler.step(opt);
+  EXPECT_EQ(amp::detail::finite_witness_hits(), 1) << "the check did not use the gemm's operands";
+  EXPECT_EQ(scaler.found_inf(opt).item<float>(), non_finite ? 1.f : 0.f);
+  EXPECT_EQ(bytes_of(w) == before, non_finite) << "a step must run exactly when the gradient is finite";
+  scaler.update();
+  EXPECT_EQ(amp::detail::finite_witness_entries(), 0);
+}
+
+TEST(GradScaler, FiniteWitnessAgreesWithTheGradient) {
+  const WitnessCase cases[] = {
+      {"finite", 0.5f, 0.25f, -1, -1, false},
+      {"largest float16 values", 65504.f, 65504.f, -1, -1, false},
+      {"inf in x meets zeros", 0.5f, 0.25f, 3, -1, true},
+      {"NaN in gout", 0.5f, 0.25f, -1, 2, true},
+      {"inf and NaN", 1.f, -1.f, 4, 9, true},
+  };
+  for (Device dev : devices())
+    for (const WitnessCase& c : cases) run_witness_case(dev, c);
+}
+
+// A gradient changed in place after backward, or an unscale_, checks the gradient itself.
+TEST(GradScaler, FiniteWitnessDroppedWhenStale) {
+  for (Device dev : devices()) {
+    SCOPED_TRACE(dev.str());
+    manual_seed(6);
+    Tensor w = (randn({256, 256}, TensorOptions().device(dev)) * 0.01).requires_grad_();
+    Tensor x = randn({16, 256}, TensorOptions().device(dev));
+    optim::SGD opt({w}, {.lr = 0.1});
+    amp::GradScaler scaler({.init_scale = 1.0});
+    auto backward = [&] {
+      opt.zero_grad();
+      Tensor loss;
+      {
+        amp::autocast ac(dev.type(), kFloat16);
+        loss = matmul(x, w).sum();
+      }
+      scaler.scale(loss).backward();
+    };
+    amp::detail::reset_finite_witness_hits();
+    backward();
+    {
+      NoGradGuard ng;
+      w.grad().view({-1}).slice(0, 0, 1).fill_(std::numeric_limits<float>::infinity());
+    }
+    scaler.step(opt);
+    EXPECT_EQ(amp::detail::finite_witness_hits(), 0);
+    EXPECT_EQ(scaler.found_inf(opt).item<float>(), 1.f) << "the inf written after backward was missed";
+    scaler.update();
+    backward();
+    scaler.unscale_(opt);
+    EXPECT_EQ(amp::detail::finite_witness_entries(), 0) << "unscale_ must consume the entries";
+    scaler.step(opt);
+    scaler.update();
+    EXPECT_EQ(amp::detail::finite_witness_hits(), 0);
+  }
+}
+
+// Without an enabled GradScaler alive nothing is recorded (no operands kept alive).
+TEST(GradScaler, FiniteWitnessOnlyWithAScaler) {
+  for (Device dev : devices()) {
+    Tensor w = (randn({256, 256}, TensorOptions().device(dev)) * 0.01).requires_grad_();
+    Tensor x = randn({16, 256}, TensorOptions().device(dev));
+    {
+      amp::autocast ac(dev.type(), kFloat16);
+      matmul(x, w).sum().backward();
+    }
+    EXPECT_EQ(amp::detail::finite_witness_entries(), 0) << dev;
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // bounds out of range are clamped) must not throw.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <initializer_list>
 #include <string>
@@ -203,3 +204,21 @@ TEST(Errors, MessageCarriesFileAndLine) {
 }
 
 }  // namespace
+
+TEST(Errors, InPlaceRandomFills) {
+  for (tg::Device dev : {tg::Device(tg::kCPU), tg::Device(tg::kCUDA)}) {
+    if (dev.is_cuda() && !tg::cuda::is_available()) continue;
+    SCOPED_TRACE(dev.str());
+    Tensor i = tg::zeros({4}, tg::TensorOptions().dtype(tg::kInt64).device(dev));
+    EXPECT_TRUE(throws_with([&] { i.normal_(); }, {"normal_", "int64", "[4]"}));
+    Tensor f = tg::zeros({4}, dev);
+    EXPECT_TRUE(throws_with([&] { f.normal_(0.0, -1.0); }, {"normal_", "std >= 0", "-1"}));
+    EXPECT_TRUE(throws_with([&] { f.uniform_(2.0, 1.0); }, {"uniform_", "from <= to"}));
+    EXPECT_TRUE(throws_with([&] { f.uniform_(0.0, INFINITY); }, {"uniform_", "finite"}));
+    Tensor w = tg::zeros({4}, tg::TensorOptions().device(dev).requires_grad(true));
+    EXPECT_TRUE(throws_with([&] { w.uniform_(); }, {"uniform_", "requires grad"}));
+    tg::NoGradGuard ng;
+    w.uniform_(0.5, 0.75);
+    for (float v : w.to_vector<float>()) EXPECT_TRUE(v >= 0.5f && v < 0.75f) << v;
+  }
+}

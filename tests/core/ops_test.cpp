@@ -1130,6 +1130,53 @@ TEST(Random, RandnMoments) {
   }
 }
 
+// In-place fills draw what the factories draw: after the same seed, normal_ / uniform_ of a
+// dense tensor equal randn / rand of its shape (affinely mapped), and a strided view is filled
+// in its logical order.
+TEST(Random, InPlaceFillsMatchFactories) {
+  for (Device dev : devices()) {
+    SCOPED_TRACE(dev.str());
+    for (DType dt : {tg::kFloat32, tg::kFloat64, tg::kFloat16, tg::kBFloat16}) {
+      SCOPED_TRACE(tg::dtype_name(dt));
+      const auto opts = tg::TensorOptions().dtype(dt).device(dev);
+      tg::manual_seed(11);
+      Tensor want = tg::randn({33, 17}, opts);
+      tg::manual_seed(11);
+      Tensor got = tg::full({33, 17}, 5.0, opts);
+      const uint32_t v0 = got.version();
+      got.normal_();
+      EXPECT_GT(got.version(), v0) << "normal_ must bump the version counter";
+      EXPECT_EQ(got.to(tg::kFloat64).to_vector<double>(), want.to(tg::kFloat64).to_vector<double>());
+
+      tg::manual_seed(12);
+      Tensor u = tg::rand({33, 17}, opts.dtype(tg::kFloat64));
+      tg::manual_seed(12);
+      Tensor g2 = tg::empty({33, 17}, opts.dtype(tg::kFloat64));
+      g2.uniform_(-2.0, 6.0);
+      auto uv = u.to_vector<double>(), gv = g2.to_vector<double>();
+      for (size_t i = 0; i < uv.size(); ++i) {
+        ASSERT_GE(gv[i], -2.0);
+        ASSERT_LT(gv[i], 6.0);
+        ASSERT_NEAR(gv[i], -2.0 + 8.0 * uv[i], 1e-12) << i;
+      }
+    }
+    // A transposed view: filled as randn of the view's shape, in logical order.
+    tg::manual_seed(13);
+    Tensor want = tg::randn({17, 33}, dev);
+    tg::manual_seed(13);
+    Tensor base = tg::zeros({33, 17}, dev);
+    base.t().normal_(1.5, 0.25);
+    auto bv = base.t().contiguous().to_vector<float>(), wv = want.to_vector<float>();
+    for (size_t k = 0; k < wv.size(); ++k) ASSERT_NEAR(bv[k], wv[k] * 0.25 + 1.5, 1e-6) << k;
+    // mean / std of a large fill
+    Tensor big = tg::empty({200000}, dev);
+    big.normal_(3.0, 2.0);
+    RefTensor rb = RefTensor::from(big);
+    EXPECT_NEAR(ref_mean_of(rb.v), 3.0, 0.03);
+    EXPECT_NEAR(std::sqrt(ref_var_of(rb.v, 1)), 2.0, 0.03);
+  }
+}
+
 TEST(Random, Randperm) {
   for (Device dev : devices()) {
     SCOPED_TRACE(dev.str());
