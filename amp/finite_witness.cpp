@@ -54,12 +54,8 @@ std::shared_ptr<void> witness_token() {
 void note_finite_witness(const Tensor& grad, std::initializer_list<Tensor> operands) {
   if (g_tokens.load(std::memory_order_relaxed) == 0) return;
   if (!grad.defined() || grad.dtype() != kFloat32 || operands.size() == 0) return;
-  int64_t total = 0;
-  for (const Tensor& t : operands) {
+  for (const Tensor& t : operands)
     if (!t.defined() || t.dtype() != kFloat16 || !t.is_contiguous() || t.device() != grad.device()) return;
-    total += t.numel();
-  }
-  if (2 * total > grad.numel()) return;
   Entry e;
   e.grad = grad.impl_ptr();
   e.version = grad.version();
@@ -87,7 +83,6 @@ std::vector<Tensor> take_finite_witness(const Tensor& grad, bool use) {
   if (e.grad.lock() != grad.impl_ptr() || e.version != grad.version()) return {};
   for (size_t i = 0; i < e.operands.size(); ++i)
     if (e.operands[i].version() != e.versions[i]) return {};
-  ++r.hits;
   return std::move(e.operands);
 }
 
@@ -98,6 +93,12 @@ void purge_finite_witnesses(bool all) {
     r.entries.clear();
   else
     purge_locked(r);
+}
+
+void count_finite_witness_use() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  ++r.hits;
 }
 
 int64_t finite_witness_hits() {

@@ -31,8 +31,8 @@ namespace tg::amp::detail {
 std::shared_ptr<void> witness_token();
 
 // Notes that `grad` (freshly computed, float32) is finite iff every operand is: call only
-// where that holds (see above). Ignored unless the operands are dense, float16, on grad's
-// device, and together at most half of grad's element count (else the check gains little).
+// where that holds (see above). Ignored unless the operands are dense, float16 and on grad's
+// device. Whether reading them pays is decided at the check (GradScaler::check_grads).
 void note_finite_witness(const Tensor& grad, std::initializer_list<Tensor> operands);
 
 // Consumes grad's entry. With `use`: the operands that stand in for `grad` in an inf/NaN
@@ -42,7 +42,9 @@ std::vector<Tensor> take_finite_witness(const Tensor& grad, bool use = true);
 // Drops entries of gradients that no longer exist (and every entry when all is true).
 void purge_finite_witnesses(bool all = false);
 
-// Counters for tests: how many checks a witness replaced since the last reset, and entries held.
+// Counters for tests: how many gradient checks a witness replaced since the last reset (the
+// checker counts each), and the entries held.
+void count_finite_witness_use();
 int64_t finite_witness_hits();
 int64_t finite_witness_entries();
 void reset_finite_witness_hits();

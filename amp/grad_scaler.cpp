@@ -112,10 +112,21 @@ Tensor GradScaler::scale(const Tensor& outputs) {
 Tensor GradScaler::check_grads(optim::Optimizer& opt, bool unscale, const char* op) {
   std::vector<Tensor> grads;
   std::vector<std::pair<Tensor, Tensor>> write_back;  // (the .grad, its contiguous working copy)
-  // A read-only check may read a gradient's finiteness witness instead of the gradient, each
-  // operand once (a linear's weight and bias gradients share the output gradient).
+  // A read-only check may read a gradient's finiteness witness instead of the gradient: when
+  // its operands are at most half the gradient's bytes (a weight gradient's), or are read
+  // anyway for another gradient (a bias gradient shares the weight's output gradient).
   std::vector<Tensor> stand_ins;
   std::set<std::tuple<const void*, int64_t, DType>> seen;
+  auto key = [](const Tensor& t) { return std::make_tuple(t.data_ptr(), t.numel(), t.dtype()); };
+  std::vector<std::pair<Tensor, std::vector<Tensor>>> witnessed;  // decided after the cheap ones
+  auto add_grad = [&](Tensor g) {
+    if (!g.is_contiguous()) {
+      Tensor c = g.contiguous();
+      if (unscale) write_back.emplace_back(g, c);
+      g = c;
+    }
+    grads.push_back(std::move(g));
+  };
   for (const Tensor& p : opt.parameters()) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
@@ -124,17 +135,27 @@ Tensor GradScaler::check_grads(optim::Optimizer& opt, bool unscale, const char* 
     TG_CHECK(g.device() == scale_.device(), "GradScaler.", op, ": a gradient of shape ", g.sizes(), " is on ",
              g.device(), " but the scale is on ", scale_.device());
     std::vector<Tensor> witness = detail::take_finite_witness(g, /*use=*/!unscale);  // consumed either way
-    if (!witness.empty()) {
-      for (Tensor& w : witness)
-        if (seen.emplace(w.data_ptr(), w.numel(), w.dtype()).second) stand_ins.push_back(std::move(w));
+    if (witness.empty()) {
+      add_grad(std::move(g));
       continue;
     }
-    if (!g.is_contiguous()) {
-      Tensor c = g.contiguous();
-      if (unscale) write_back.emplace_back(g, c);
-      g = c;
+    int64_t bytes = 0;
+    for (const Tensor& w : witness) bytes += static_cast<int64_t>(w.nbytes());
+    if (2 * bytes <= static_cast<int64_t>(g.nbytes())) {
+      detail::count_finite_witness_use();
+      for (Tensor& w : witness)
+        if (seen.insert(key(w)).second) stand_ins.push_back(std::move(w));
+    } else {
+      witnessed.emplace_back(std::move(g), std::move(witness));
     }
-    grads.push_back(g);
+  }
+  for (auto& [g, witness] : witnessed) {
+    bool covered = true;
+    for (const Tensor& w : witness) covered = covered && seen.count(key(w)) != 0;
+    if (covered)
+      detail::count_finite_witness_use();
+    else
+      add_grad(std::move(g));
   }
   grads.insert(grads.end(), stand_ins.begin(), stand_ins.end());
   detail::purge_finite_witnesses();  // entries of gradients that died unchecked

@@ -428,6 +428,42 @@ TEST(GradScaler, FiniteWitnessAgreesWithTheGradient) {
     for (const WitnessCase& c : cases) run_witness_case(dev, c);
 }
 
+// nn::Linear's weight and bias gradients: the bias gradient (the output gradient summed over
+// the batch) is covered by the output gradient that the weight's witness reads anyway, so the
+// check reads x and the output gradient only. found_inf follows an inf in the input.
+TEST(GradScaler, FiniteWitnessCoversLinearWeightAndBias) {
+  for (Device dev : devices()) {
+    SCOPED_TRACE(dev.str());
+    manual_seed(8);
+    nn::Linear lin(256, 192, true, TensorOptions().device(dev));
+    optim::SGD opt(lin.parameters(), {.lr = 0.1});
+    amp::GradScaler scaler;
+    for (bool poison : {false, true}) {
+      Tensor x = randn({24, 256}, TensorOptions().device(dev));
+      if (poison) {
+        NoGradGuard ng;
+        x.slice(0, 5, 6).fill_(std::numeric_limits<float>::infinity());
+      }
+      opt.zero_grad();
+      Tensor loss;
+      {
+        amp::autocast ac(dev.type(), kFloat16);
+        loss = lin(x).pow(2).mean();
+      }
+      scaler.scale(loss).backward();
+      bool non_finite = false;
+      for (const Tensor& p : lin.parameters())
+        for (float v : p.grad().to(kFloat32).to_vector<float>()) non_finite |= !std::isfinite(v);
+      ASSERT_EQ(non_finite, poison);
+      amp::detail::reset_finite_witness_hits();
+      scaler.step(opt);
+      EXPECT_EQ(amp::detail::finite_witness_hits(), 2) << "weight and bias both covered";
+      EXPECT_EQ(scaler.found_inf(opt).item<float>(), poison ? 1.f : 0.f);
+      scaler.update();
+    }
+  }
+}
+
 // A gradient changed in place after backward, or an unscale_, checks the gradient itself.
 TEST(GradScaler, FiniteWitnessDroppedWhenStale) {
   for (Device dev : devices()) {
