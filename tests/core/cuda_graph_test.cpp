@@ -2,7 +2,9 @@
 // bit for bit where N eager steps do (float32 SGD, and float16 autocast with a
 // GradScaler that skips a step and backs off); replays allocate nothing; a host
 // synchronisation inside the capture is a tg::Error that leaves the allocator and
-// streams usable; a destroyed graph's memory goes back to the cache.
+// streams usable; a destroyed graph's memory goes back to the cache; launches finished by
+// their last block (mse_loss) take zeroed counters from the graph's
+// arena, so the graph holds no memset node for them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include <tapegrad/tapegrad.h>
+
 
 namespace tg::testing {
 namespace {
@@ -276,6 +279,47 @@ TEST(CudaGraph, MisuseIsAnError) {
   moved.reset();
   EXPECT_FALSE(moved.is_captured());
   EXPECT_THROW(moved.replay(), Error);
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) { return bitwise_equal(host(a), host(b)); }
+
+// Launches finished by their last block (mse_loss over many blocks) take zeroed counters
+// from the graph's arena: one kernel node each, no memset node, and replays with new inputs
+// equal eager calls bit for bit.
+TEST(CudaGraph, LastBlockLaunchesNeedNoCounterMemsets) {
+  TG_SKIP_WITHOUT_CUDA();
+  cuda::Stream side;
+  cuda::StreamGuard guard(side);
+  const Device dev(kCUDA, 0);
+  const Shape ls{1 << 18};
+  Tensor a = zeros(ls, dev), b = zeros(ls, dev), c = zeros(ls, dev);
+  auto step = [&] {
+    return std::vector<Tensor>{nn::functional::mse_loss(a, b), nn::functional::mse_loss(c, a),
+                               nn::functional::mse_loss(b, c, "sum")};
+  };
+  auto feed = [&](uint64_t seed) {
+    manual_seed(seed);
+    a.normal_();
+    b.uniform_();
+    c.normal_(0.5, 2.0);
+  };
+  feed(1);
+  (void)step();  // warm-up
+  cuda::Graph graph;
+  std::vector<Tensor> outs;
+  graph.capture([&] { outs = step(); });
+  EXPECT_EQ(graph.num_nodes(), 3u);  // three kernels, no memsets
+  std::vector<float> previous;
+  for (uint64_t round = 0; round < 3; ++round) {
+    feed(100 + round);
+    graph.replay();
+    const std::vector<float> replayed = host(outs[0]);
+    const std::vector<Tensor> eager = step();
+    for (size_t i = 0; i < outs.size(); ++i)
+      EXPECT_TRUE(same_bits(outs[i], eager[i])) << "round " << round << " output " << i;
+    EXPECT_FALSE(bitwise_equal(replayed, previous)) << "round " << round << ": the replay did not run";
+    previous = replayed;
+  }
 }
 
 TEST(CudaGraph, WithoutCudaCaptureThrows) {

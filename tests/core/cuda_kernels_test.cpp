@@ -1,11 +1,14 @@
 // The CUDA kernels (elementwise, reductions, random, index_select, arange) against
-// float64 host references computed here, on contiguous, strided and broadcast inputs.
+// float64 host references computed here, on contiguous, strided and broadcast inputs;
+// reductions that split K over blocks also for identical bits from call to call.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "core/cuda.h"
@@ -220,6 +223,120 @@ TEST(CudaKernels, LargeOuterReductionLikeNormalisation) {
                1e-6, "std(0)");
   auto s = x.sum();
   EXPECT_NEAR(s.item<double>(), std::accumulate(hx.begin(), hx.end(), 0.0), 1e-5 * hx.size());
+}
+
+// Reductions long enough to split K over many blocks (partials, then a finalize launch). x holds [A, K, B] (row-major) reduced over K; the
+// float64 reference per (a, b): the sum, and the variance by two passes.
+struct SplitRef {
+  std::vector<double> sum, mean, var, max;
+};
+SplitRef split_ref(const std::vector<double>& x, int64_t A, int64_t K, int64_t B) {
+  SplitRef r;
+  r.sum.assign(static_cast<size_t>(A * B), 0.0);
+  r.var.assign(r.sum.size(), 0.0);
+  r.max.assign(r.sum.size(), -INFINITY);
+  for (int64_t a = 0; a < A; ++a)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t b = 0; b < B; ++b) {
+        const double v = x[static_cast<size_t>((a * K + k) * B + b)];
+        r.sum[a * B + b] += v;
+        r.max[a * B + b] = std::max(r.max[a * B + b], v);
+      }
+  for (double s : r.sum) r.mean.push_back(s / static_cast<double>(K));
+  for (int64_t a = 0; a < A; ++a)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t b = 0; b < B; ++b) {
+        const double d = x[static_cast<size_t>((a * K + k) * B + b)] - r.mean[a * B + b];
+        r.var[a * B + b] += d * d;
+      }
+  for (double& v : r.var) v /= static_cast<double>(K - 1);
+  return r;
+}
+
+// fn() five times: every result bit for bit the first one; returns it as float64.
+std::vector<double> same_bits_each_call(const std::function<tg::Tensor()>& fn, const std::string& what) {
+  const std::vector<double> first = host(fn());
+  for (int i = 1; i < 5; ++i) {
+    const std::vector<double> again = host(fn());
+    EXPECT_TRUE(again.size() == first.size() &&
+                std::memcmp(again.data(), first.data(), first.size() * sizeof(double)) == 0)
+        << what << ": call " << i << " differs from the first";
+  }
+  return first;
+}
+
+// sum / mean / var / std (and max) of x viewed as [A, K, B] over K, each checked against the
+// float64 reference and for identical bits across calls.
+void check_split_reduction(const tg::Tensor& x, int64_t dim, int64_t A, int64_t K, int64_t B, double rtol, double atol,
+                           double var_rtol, const std::string& what) {
+  const SplitRef ref = split_ref(host(x), A, K, B);
+  std::vector<double> sd;
+  for (double v : ref.var) sd.push_back(std::sqrt(v));
+  expect_close(same_bits_each_call([&] { return x.sum(dim); }, what + " sum"), ref.sum, rtol, atol,
+               (what + " sum").c_str());
+  // A float16 mean near 0 is subnormal: its spacing (6e-8) bounds the error, not rtol.
+  const double mean_atol = atol / K + (x.dtype() == tg::kFloat16 ? 1e-7 : 0.0);
+  expect_close(same_bits_each_call([&] { return x.mean(dim); }, what + " mean"), ref.mean, rtol, mean_atol,
+               (what + " mean").c_str());
+  expect_close(same_bits_each_call([&] { return x.var(dim); }, what + " var"), ref.var, var_rtol, var_rtol,
+               (what + " var").c_str());
+  expect_close(same_bits_each_call([&] { return x.std(dim); }, what + " std"), sd, var_rtol, var_rtol,
+               (what + " std").c_str());
+  expect_close(same_bits_each_call([&] { return x.max(dim); }, what + " max"), ref.max, 0, 0, (what + " max").c_str());
+}
+
+TEST(CudaKernels, SplitOuterReductionsFloat32AndHalf) {
+  TG_REQUIRE_CUDA();
+  tg::manual_seed(11);
+  // [1M, 64] over dim 0: 16-byte loads, ~1000 chunks of one column tile (the standardize
+  // workload), and smaller splits below.
+  const int64_t n = int64_t{1} << 20;
+  auto x = tg::randn({n, 64}, tg::kCUDA) * 2 + 0.5;
+  check_split_reduction(x, 0, 1, n, 64, 1e-5, 1e-2, 1e-4, "f32 [1M, 64] dim 0");
+  // float16 in and out (sums stay far below 65504 around mean 0): the output's rounding dominates.
+  auto xh = tg::randn({n, 64}, tg::kCUDA).to(tg::kFloat16);
+  check_split_reduction(xh, 0, 1, n, 64, 2e-3, 5e-2, 2e-3, "f16 [1M, 64] dim 0");
+  // float64 (no 16-byte path) and float32 with 7 columns (4-byte loads).
+  auto xd = tg::randn({200000, 64}, tg::kCUDA).to(tg::kFloat64) + 3;
+  check_split_reduction(xd, 0, 1, 200000, 64, 1e-12, 1e-9, 1e-10, "f64 [200k, 64] dim 0");
+  auto x7 = tg::randn({300000, 7}, tg::kCUDA) - 1;
+  check_split_reduction(x7, 0, 1, 300000, 7, 1e-5, 1e-2, 1e-4, "f32 [300k, 7] dim 0");
+}
+
+TEST(CudaKernels, SplitMiddleReductionsManyTiles) {
+  TG_REQUIRE_CUDA();
+  tg::manual_seed(12);
+  // Many column tiles, with 4-byte and 16-byte loads.
+  auto x = tg::randn({300, 20000, 2}, tg::kCUDA) + 1;
+  check_split_reduction(x, 1, 300, 20000, 2, 1e-5, 1e-3, 1e-4, "f32 [300, 20000, 2] dim 1");
+  auto x8 = tg::randn({200, 10000, 8}, tg::kCUDA);
+  check_split_reduction(x8, 1, 200, 10000, 8, 1e-5, 1e-3, 1e-4, "f32 [200, 10000, 8] dim 1");
+  auto xh = tg::randn({200, 10000, 8}, tg::kCUDA).to(tg::kFloat16);
+  check_split_reduction(xh, 1, 200, 10000, 8, 2e-3, 2e-2, 2e-3, "f16 [200, 10000, 8] dim 1");
+}
+
+TEST(CudaKernels, SplitInnerReductions) {
+  TG_REQUIRE_CUDA();
+  tg::manual_seed(13);
+  // One long row (~4000 chunks), float32 and float16.
+  const int64_t k = int64_t{1} << 22;
+  auto row = tg::randn({1, k}, tg::kCUDA) * 3 + 2;
+  check_split_reduction(row, 1, 1, k, 1, 1e-5, 1e-1, 1e-4, "f32 [1, 4M] dim 1");
+  auto rowh = tg::randn({1, k}, tg::kCUDA).to(tg::kFloat16);
+  check_split_reduction(rowh, 1, 1, k, 1, 2e-3, 1e-1, 2e-3, "f16 [1, 4M] dim 1");
+  // Many rows, each split.
+  auto rows = tg::randn({1000, 10000}, tg::kCUDA) - 0.25;
+  check_split_reduction(rows, 1, 1000, 10000, 1, 1e-5, 1e-2, 1e-4, "f32 [1000, 10000] dim 1");
+  auto rows100 = tg::randn({100, 20000}, tg::kCUDA);
+  check_split_reduction(rows100, 1, 100, 20000, 1, 1e-5, 1e-2, 1e-4, "f32 [100, 20000] dim 1");
+  // The whole tensor, and argmax over a long row (the first of equal maxima, as max_element).
+  const std::vector<float> hr = row.cpu().to_vector<float>();
+  double total = 0;
+  for (float v : hr) total += v;
+  const std::vector<double> all = same_bits_each_call([&] { return row.sum(); }, "sum of all");
+  EXPECT_NEAR(all[0], total, 1e-5 * std::fabs(total) + 1e-1);
+  const int64_t want = std::max_element(hr.begin(), hr.end()) - hr.begin();
+  EXPECT_EQ(row.argmax(1).cpu().to_vector<int64_t>(), (std::vector<int64_t>{want}));
 }
 
 TEST(CudaKernels, ArgMaxAndEdgeCases) {

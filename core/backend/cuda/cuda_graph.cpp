@@ -1,6 +1,7 @@
 // tg::cuda::Graph (core/cuda_graph.h): stream capture into a cudaGraph_t,
 // instantiation and replay, with a graph-private memory pool in the caching
-// allocator that lives exactly as long as the captured graph.
+// allocator and an arena of "blocks done" counters (done_counters.h), both living
+// exactly as long as the captured graph.
 #include "core/cuda_graph.h"
 
 #include <cuda_runtime_api.h>
@@ -8,11 +9,13 @@
 #include <array>
 #include <atomic>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 
+#include "core/backend/cuda/done_counters.h"
 #include "core/backend/cuda/runtime.h"
 #include "core/cuda.h"
 #include "core/error.h"
@@ -55,9 +58,12 @@ struct GraphState {
   bool switched = false;               // the capture replaced the legacy default stream...
   cudaStream_t prev_stream = nullptr;  // ...which is restored at the end
   std::thread::id thread;              // the capturing thread
+  unsigned long long capture_id = 0;   // the capture's id while capturing (its counter arena's key)
+  DataPtr counter_arena;               // zeroed before the capture; captured launches take slices
 
   // Routes allocations back to the general cache and restores the current stream. Never throws.
   void leave_capture() noexcept {
+    detail::clear_capture_counter_arena(capture_id);
     detail::graph_pool_capture_end(device);
     if (switched) {
       try {
@@ -86,7 +92,7 @@ struct GraphState {
   // synchronised first; when that fails the pool stays reserved (never reused while in use).
   void drop() {
     abort_capture();
-    if (!exec && !graph && !pool) return;
+    if (!exec && !graph && !pool && !counter_arena.get()) return;
     detail::DeviceGuard g(device);
     TG_CUDA_CHECK(cudaDeviceSynchronize());
     if (exec) {
@@ -98,6 +104,7 @@ struct GraphState {
       TG_CUDA_CHECK(cudaGraphDestroy(gr));
     }
     if (pool) detail::graph_pool_release(device, std::exchange(pool, 0));
+    counter_arena.reset();
   }
 
   // drop() for failure paths and destructors: logs instead of throwing.
@@ -109,6 +116,7 @@ struct GraphState {
       exec = nullptr;
       graph = nullptr;
       pool = 0;
+      (void)std::make_unique<DataPtr>(std::move(counter_arena)).release();  // a replay may still use it
     }
   }
 };
@@ -156,13 +164,19 @@ void Graph::capture_begin() {
   if (switched) set_stream(device, stream);
   uint64_t pool = 0;
   bool routed = false;
+  DataPtr arena;  // back to the cache (stream-ordered) if the capture does not start
   try {
     // State that cannot be created under capture: the cuBLAS handles and this stream's workspace.
     (void)detail::cublas_handle(device);
     (void)detail::cublaslt_handle(device);
     (void)detail::cublas_workspace(device, nullptr);
-    // Queued work finishes first, so memory freed before the capture and cached blocks the
-    // graph's pool takes over are idle.
+    // Done counters for the captured launches, zeroed here so that the graph holds no
+    // memset node for them (general memory: the graph's pool is routed below).
+    constexpr size_t kArenaBytes = sizeof(unsigned) * detail::kCaptureArenaCounters;
+    arena = detail::device_allocate(kArenaBytes, device);
+    TG_CUDA_CHECK(cudaMemsetAsync(arena.get(), 0, kArenaBytes, stream));
+    // Queued work (and that memset) finishes first, so memory freed before the capture and
+    // cached blocks the graph's pool takes over are idle.
     TG_CUDA_CHECK(cudaDeviceSynchronize());
     pool = detail::graph_pool_create(device);
     detail::graph_pool_capture_begin(device, pool);
@@ -186,6 +200,15 @@ void Graph::capture_begin() {
     }
     throw;
   }
+  // The arena serves only this capture (not one other code begins on this thread meanwhile).
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  if (cudaStreamGetCaptureInfo(stream, &capturing, &id) == cudaSuccess && capturing == cudaStreamCaptureStatusActive)
+    detail::set_capture_counter_arena(device, id, static_cast<unsigned*>(arena.get()), detail::kCaptureArenaCounters);
+  else
+    (void)cudaGetLastError();  // no arena: done_counters falls back to a memset per launch
+  m.capture_id = id;
+  m.counter_arena = std::move(arena);
   m.device = device;
   m.stream = stream;
   m.switched = switched;

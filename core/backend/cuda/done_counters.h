@@ -12,9 +12,21 @@ inline constexpr int kMaxDoneCounters = 64;  // per launch
 
 // n (<= kMaxDoneCounters) zeroed counters for one launch on `stream`. Eagerly: the
 // (device, stream)'s own, kept for the process (launches on one stream run in order and each
-// leaves its counters at 0). Under graph capture: the launch's own, allocated into `own` and
-// zeroed by a captured memset, so a replay on another stream never shares counters with eager
-// work on the capture stream. Keep `own` until the launch is queued.
+// leaves its counters at 0). Under a tg::cuda::Graph capture: a slice of that capture's
+// arena, never handed out twice, so a replay on another stream never shares counters with
+// eager work and the graph gets no node for them. Under any other capture (or with the
+// arena used up): the launch's own, allocated into `own` and zeroed by a captured memset.
+// Keep `own` until the launch is queued.
 unsigned* done_counters(int device, cudaStream_t stream, int n, DataPtr& own);
+
+// Counters in a capture's arena: 64 KiB, room for 256 launches of 64 counters.
+inline constexpr int kCaptureArenaCounters = 16384;
+
+// tg::cuda::Graph (cuda_graph.cpp) registers the zeroed arena it owns (`size` counters at
+// `base` on `device`, zeroed before the capture began and kept while its graph lives) for
+// its capture `capture_id` on this thread. Each launch leaves its counters at 0, so every
+// replay finds them zeroed. Clearing is a no-op unless that capture's arena is registered.
+void set_capture_counter_arena(int device, unsigned long long capture_id, unsigned* base, int size);
+void clear_capture_counter_arena(unsigned long long capture_id);
 
 }  // namespace tg::cuda::detail
