@@ -28,6 +28,16 @@ struct AutocastState {
 };
 inline thread_local AutocastState tls_autocast;
 
+// Whether autocast's float32 policy would cast `a` up from float16 / bfloat16 (on for a's device
+// type). The unary float32 ops whose kernels read those dtypes as is (exp, log, sqrt, pow with a
+// scalar exponent: backend::has_mixed_form) ask this instead of casting; one thread-local load
+// when autocast is off.
+inline bool fp32_reads_reduced(const Tensor& a) {
+  const uint8_t mask = tls_autocast.enabled_mask;
+  return mask != 0 && a.defined() && is_reduced_float(a.dtype()) &&
+         (mask & static_cast<uint8_t>(1u << static_cast<int>(a.device().type()))) != 0;
+}
+
 // Casts inputs[i] into out[i] per `policy`; false (out untouched) when nothing changes.
 bool autocast_inputs(AutocastCategory policy, const Tensor* const* inputs, Tensor* out, size_t n);
 

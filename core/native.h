@@ -25,6 +25,11 @@ Device resolve(Device d);  // cuda without index -> current device; checks the d
 Tensor unary(backend::ElemOp op, const Tensor& a, double p0 = 0, double p1 = 0);
 Tensor binary(backend::ElemOp op, const Tensor& a, const Tensor& b, double p0 = 1, double p1 = 0);
 Tensor scalar_op(backend::ElemOp op, const Tensor& a, Scalar s);  // AddScalar, MulScalar, EqScalar, ...
+// With an explicit result dtype (floating operands): op computed in the promoted dtype of the
+// inputs and `result`, stored as `result`, i.e. to(op(to(inputs, promoted)), result). One pass
+// where the backend has that mixed form (backend::has_mixed_form), else through those casts.
+Tensor unary_to(backend::ElemOp op, const Tensor& a, DType result, double p0 = 0, double p1 = 0);
+Tensor binary_to(backend::ElemOp op, const Tensor& a, const Tensor& b, DType result, double p0 = 1, double p1 = 0);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // In place: writes the result into `self` (no broadcasting of self; result cast to self's dtype).
 void unary_out(backend::ElemOp op, const Tensor& self, const Tensor& a, double p0 = 0, double p1 = 0);
@@ -121,14 +126,14 @@ std::pair<Tensor, Tensor> mse_loss_backward(const Tensor& grad, const Tensor& in
 Tensor full(const Shape& sizes, Scalar v, DType dtype, Device device);
 Tensor rand(const Shape& sizes, DType dtype, Device device);
 Tensor randn(const Shape& sizes, DType dtype, Device device);
+// In place into self (any layout; a non-dense self is filled through a dense temporary).
+void uniform_(const Tensor& self, double from, double to);
+void normal_(const Tensor& self, double mean, double std);
 Tensor randperm(int64_t n, DType dtype, Device device);
 // The same with an explicit Philox (seed, offset) instead of the device's generator:
 // reproducible streams of permutations (DataLoader's seeded shuffle). Uses counters
 // [offset, offset + 2n); offset must be a multiple of 4.
 Tensor randperm(int64_t n, DType dtype, Device device, uint64_t seed, uint64_t offset);
-// In place into self (any layout; a non-dense self is filled through a dense temporary).
-void uniform_(const Tensor& self, double from, double to);
-void normal_(const Tensor& self, double mean, double std);
 Tensor arange(double start, double end, double step, DType dtype, Device device);
 // Reserves `count` Philox counters of the device's generator; returns (seed, offset).
 std::pair<uint64_t, uint64_t> philox_reserve(Device device, uint64_t count);

@@ -23,6 +23,12 @@ Scalar negate(const Scalar& s) {
 Tensor zero_of(const Tensor& g) { return native::full(Shape{}, 0, g.dtype(), g.device()); }
 // g where mask, else 0 (mask is bool, broadcast against g).
 Tensor mask_grad(const Tensor& mask, const Tensor& g) { return native::where(mask, g, zero_of(g)); }
+// Autocast runs exp, log, sqrt and pow(tensor, scalar) in float32. Their kernels read a float16 /
+// bfloat16 input as is and write float32, and their backward writes the gradient in the input's
+// dtype, each in one launch, where a cast node would add a cast launch to either pass. The numbers
+// are the cast's: widening is exact, and the cast's backward rounded the float32 gradient once,
+// as the store does. While tracing, the cast is made as before, so export sees what it saw.
+bool widens_in_kernel(const Tensor& a) { return amp::detail::fp32_reads_reduced(a) && !detail::tls_tracer; }
 }  // namespace
 
 // ---- add / sub
@@ -145,34 +151,41 @@ Tensor neg(const Tensor& a) {
                 [](const Tensor& g, const FunctionNode&) -> Grads { return {native::unary(ElemOp::Neg, g)}; });
 }
 
+// The gradients below are written in a's dtype (binary_to): the output's, except for a float16 /
+// bfloat16 input that autocast widened in the kernel.
 Tensor exp(const Tensor& a) {
-  TG_AUTOCAST(Exp, tg::exp(a), a);
-  Tensor out = native::unary(ElemOp::Exp, a);
+  const bool widen = widens_in_kernel(a);
+  if (!widen) TG_AUTOCAST(Exp, tg::exp(a), a);
+  Tensor out = widen ? native::unary_to(ElemOp::Exp, a, kFloat32) : native::unary(ElemOp::Exp, a);
   TG_TRACE(Exp, out, {a}, {});
   if (!should_record(a)) return out;
   SavedTensor sy(out, "exp");
-  return record("exp", {a}, std::move(out),
-                [sy](const Tensor& g, const FunctionNode&) -> Grads { return {native::mul(g, sy.unpack())}; });
+  return record("exp", {a}, std::move(out), [sy, gd = a.dtype()](const Tensor& g, const FunctionNode&) -> Grads {
+    return {native::binary_to(ElemOp::Mul, g, sy.unpack(), gd)};
+  });
 }
 
 Tensor log(const Tensor& a) {
-  TG_AUTOCAST(Log, tg::log(a), a);
-  Tensor out = native::unary(ElemOp::Log, a);
+  const bool widen = widens_in_kernel(a);
+  if (!widen) TG_AUTOCAST(Log, tg::log(a), a);
+  Tensor out = widen ? native::unary_to(ElemOp::Log, a, kFloat32) : native::unary(ElemOp::Log, a);
   TG_TRACE(Log, out, {a}, {});
   if (!should_record(a)) return out;
   SavedTensor sx(a, "log");
-  return record("log", {a}, std::move(out),
-                [sx](const Tensor& g, const FunctionNode&) -> Grads { return {native::div(g, sx.unpack())}; });
+  return record("log", {a}, std::move(out), [sx, gd = a.dtype()](const Tensor& g, const FunctionNode&) -> Grads {
+    return {native::binary_to(ElemOp::Div, g, sx.unpack(), gd)};
+  });
 }
 
 Tensor sqrt(const Tensor& a) {
-  TG_AUTOCAST(Sqrt, tg::sqrt(a), a);
-  Tensor out = native::unary(ElemOp::Sqrt, a);
+  const bool widen = widens_in_kernel(a);
+  if (!widen) TG_AUTOCAST(Sqrt, tg::sqrt(a), a);
+  Tensor out = widen ? native::unary_to(ElemOp::Sqrt, a, kFloat32) : native::unary(ElemOp::Sqrt, a);
   TG_TRACE(Sqrt, out, {a}, {});
   if (!should_record(a)) return out;
   SavedTensor sy(out, "sqrt");
-  return record("sqrt", {a}, std::move(out), [sy](const Tensor& g, const FunctionNode&) -> Grads {
-    return {native::div(g, native::mul(sy.unpack(), Scalar(2.0)))};
+  return record("sqrt", {a}, std::move(out), [sy, gd = a.dtype()](const Tensor& g, const FunctionNode&) -> Grads {
+    return {native::binary_to(ElemOp::SqrtBackward, g, sy.unpack(), gd)};
   });
 }
 
@@ -227,14 +240,15 @@ Tensor gelu(const Tensor& a) {
 }
 
 Tensor pow(const Tensor& a, Scalar exponent) {
-  TG_AUTOCAST(PowScalar, tg::pow(a, exponent), a);
+  const bool widen = widens_in_kernel(a);
+  if (!widen) TG_AUTOCAST(PowScalar, tg::pow(a, exponent), a);
   const double e = exponent.to_double();
-  Tensor out = native::unary(ElemOp::PowScalar, a, e);
+  Tensor out = widen ? native::unary_to(ElemOp::PowScalar, a, kFloat32, e) : native::unary(ElemOp::PowScalar, a, e);
   TG_TRACE(PowScalar, out, {a}, {{"exponent", detail::trace_scalar(exponent)}});
   if (!should_record(a)) return out;
   SavedTensor sx(a, "pow");
-  return record("pow", {a}, std::move(out), [sx, e](const Tensor& g, const FunctionNode&) -> Grads {
-    return {native::binary(ElemOp::PowScalarBackward, g, sx.unpack(), e)};
+  return record("pow", {a}, std::move(out), [sx, e, gd = a.dtype()](const Tensor& g, const FunctionNode&) -> Grads {
+    return {native::binary_to(ElemOp::PowScalarBackward, g, sx.unpack(), gd, e)};
   });
 }
 

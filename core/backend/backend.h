@@ -40,7 +40,7 @@ namespace tg::backend {
   _(LeScalar, 1)                                                                       \
   _(GtScalar, 1)                                                                       \
   _(GeScalar, 1)                                                                       \
-  /* binary: both inputs share one dtype */                                            \
+  /* binary: both inputs share one dtype (see has_mixed_form) */                       \
   _(Add, 2)            /* a + p0 * b (p0 = alpha) */                                   \
   _(Sub, 2)            /* a - p0 * b */                                                \
   _(Mul, 2)                                                                            \
@@ -62,6 +62,7 @@ namespace tg::backend {
   _(ClampBackward, 2)    /* p0 <= x <= p1 ? g : 0 */                                   \
   _(AbsBackward, 2)      /* g * sign(x) */                                             \
   _(PowScalarBackward, 2) /* g * p0 * x^(p0 - 1); 0 where p0 == 0 */                   \
+  _(SqrtBackward, 2)     /* g / (2 y), y = sqrt output */                              \
   /* ternary */                                                                        \
   _(Where, 3)          /* cond (bool) ? a : b */
 
@@ -72,6 +73,14 @@ enum class ElemOp : int8_t {
 };
 int elem_op_arity(ElemOp op);
 const char* elem_op_name(ElemOp op);
+
+// The mixed-dtype forms every backend runs in one pass, computing in float, besides Copy (any
+// two dtypes) and the bool results of comparisons; the front-end composes casts for any other
+// mix. dtypes: out, then the inputs; R is float16 or bfloat16, the same one in all operands.
+//   Exp, Log, Sqrt, PowScalar:  (float32, R)           autocast's float32 ops reading R as is
+//   Div, PowScalarBackward:     (R, float32, R)        their gradients, stored in R
+//   Mul, SqrtBackward:          (R, float32, float32)
+bool has_mixed_form(ElemOp op, const DType* dtypes);
 
 inline constexpr int kMaxDims = 16;
 inline constexpr int kMaxOperands = 4;  // 1 output + up to 3 inputs

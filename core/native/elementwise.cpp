@@ -33,6 +33,19 @@ const char* elem_op_name(ElemOp op) {
   return kNames[static_cast<int>(op)];
 }
 
+bool has_mixed_form(ElemOp op, const DType* dtypes) {
+  switch (op) {
+    case ElemOp::Exp: case ElemOp::Log: case ElemOp::Sqrt: case ElemOp::PowScalar:
+      return dtypes[0] == kFloat32 && is_reduced_float(dtypes[1]);
+    case ElemOp::Div: case ElemOp::PowScalarBackward:
+      return is_reduced_float(dtypes[0]) && dtypes[1] == kFloat32 && dtypes[2] == dtypes[0];
+    case ElemOp::Mul: case ElemOp::SqrtBackward:
+      return is_reduced_float(dtypes[0]) && dtypes[1] == kFloat32 && dtypes[2] == kFloat32;
+    default:
+      return false;
+  }
+}
+
 namespace {
 thread_local uint64_t t_dispatches = 0;
 }
@@ -72,7 +85,7 @@ bool is_float_only(ElemOp op) {
     case ElemOp::Gelu: case ElemOp::PowScalar: case ElemOp::Pow: case ElemOp::Div: case ElemOp::DivScalar:
     case ElemOp::RDivScalar: case ElemOp::ReluBackward: case ElemOp::GeluBackward: case ElemOp::SigmoidBackward:
     case ElemOp::TanhBackward: case ElemOp::ClampBackward: case ElemOp::AbsBackward:
-    case ElemOp::PowScalarBackward:
+    case ElemOp::PowScalarBackward: case ElemOp::SqrtBackward:
       return true;
     default:
       return false;
@@ -233,6 +246,21 @@ Tensor unary(ElemOp op, const Tensor& a, double p0, double p1) {
   return out;
 }
 
+Tensor unary_to(ElemOp op, const Tensor& a, DType result, double p0, double p1) {
+  const char* name = op_label(op);
+  TG_CHECK(is_floating(a.dtype()) && is_floating(result) && !is_comparison(op), name,
+           ": an explicit result dtype needs floating operands, got ", a.dtype(), " to ", result);
+  const DType dtypes[] = {result, a.dtype()};
+  if (!backend::has_mixed_form(op, dtypes))
+    return as_dtype(unary(op, as_dtype(a, promote_types(a.dtype(), result)), p0, p1), result);
+  Tensor out = empty(a.sizes(), result, a.device());
+  ElementwiseIter it = make_iter(out, {&a}, name);
+  set_scalar(it, 0, kFloat32, Scalar(p0));
+  set_scalar(it, 1, kFloat32, Scalar(p1));
+  run(op, it);
+  return out;
+}
+
 Tensor binary(ElemOp op, const Tensor& a, const Tensor& b, double p0, double p1) {
   const char* name = op_label(op);
   check_same_device(name, {&a, &b});
@@ -246,6 +274,25 @@ Tensor binary(ElemOp op, const Tensor& a, const Tensor& b, double p0, double p1)
   set_scalar(it, 0, compute, Scalar(p0));
   set_scalar(it, 1, compute, Scalar(p1));
   if (!is_floating(compute)) it.iparams[0] = static_cast<int64_t>(p0);
+  run(op, it);
+  return out;
+}
+
+Tensor binary_to(ElemOp op, const Tensor& a, const Tensor& b, DType result, double p0, double p1) {
+  const char* name = op_label(op);
+  check_same_device(name, {&a, &b});
+  TG_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()) && is_floating(result) && !is_comparison(op), name,
+           ": an explicit result dtype needs floating operands, got ", a.dtype(), " and ", b.dtype(), " to ", result);
+  const DType dtypes[] = {result, a.dtype(), b.dtype()};
+  if (!backend::has_mixed_form(op, dtypes)) {
+    const DType compute = promote_types(result_type(a, b), result);
+    return as_dtype(binary(op, as_dtype(a, compute), as_dtype(b, compute), p0, p1), result);
+  }
+  Shape shape = detail::broadcast_shapes(a.sizes(), b.sizes(), name);
+  Tensor out = empty(shape, result, a.device());
+  ElementwiseIter it = make_iter(out, {&a, &b}, name);
+  set_scalar(it, 0, kFloat32, Scalar(p0));
+  set_scalar(it, 1, kFloat32, Scalar(p1));
   run(op, it);
   return out;
 }

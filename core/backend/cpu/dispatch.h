@@ -65,18 +65,29 @@ opmath_t<T> compare_param(const backend::ElementwiseIter& it, int i) {
   }
 }
 
-// out = f(opmath(x)) stored back as T.
-template <typename T, typename F>
+// out = f(opmath(x)) stored back as T; in a mixed form (backend::has_mixed_form) stored as Out,
+// float32 out of a float16 / bfloat16 x.
+template <typename T, typename Out = T, typename F>
 void map1(const backend::ElementwiseIter& it, const F& f) {
   using A = opmath_t<T>;
-  cpu_kernel<T, T>(it, [f](T x) { return static_cast<T>(f(static_cast<A>(x))); });
+  cpu_kernel<Out, T>(it, [f](T x) { return static_cast<Out>(f(static_cast<A>(x))); });
 }
 
-// out = f(opmath(a), opmath(b)) stored back as T.
-template <typename T, typename F>
+// out = f(opmath(a), opmath(b)) stored back as T; in a mixed form the inputs are stored as
+// In0 / In1 (float32 beside a float16 / bfloat16 T, whose opmath is float too).
+template <typename T, typename In0 = T, typename In1 = T, typename F>
 void map2(const backend::ElementwiseIter& it, const F& f) {
   using A = opmath_t<T>;
-  cpu_kernel<T, T, T>(it, [f](T a, T b) { return static_cast<T>(f(static_cast<A>(a), static_cast<A>(b))); });
+  cpu_kernel<T, In0, In1>(it, [f](In0 a, In1 b) { return static_cast<T>(f(static_cast<A>(a), static_cast<A>(b))); });
+}
+
+// Runs fn(R{}) for the float16 / bfloat16 operand type R of a mixed form whose operand `i` is R.
+template <typename F>
+void dispatch_reduced(backend::ElemOp op, const backend::ElementwiseIter& it, int i, F&& fn) {
+  if (it.dtypes[i] == DType::Float16) return fn(Half{});
+  if (it.dtypes[i] == DType::BFloat16) return fn(BFloat16{});
+  TG_ERROR(op_name(op), ": no cpu kernel for the dtypes ", dtype_name(it.dtypes[0]), ", ", dtype_name(it.dtypes[1]),
+           it.noperands > 2 ? ", " : "", it.noperands > 2 ? dtype_name(it.dtypes[2]) : "");
 }
 
 }  // namespace tg::cpu

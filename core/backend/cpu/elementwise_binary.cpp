@@ -34,10 +34,54 @@ void add_sub(const ElementwiseIter& it, int sign) {
   }
 }
 
+template <typename T, typename In0 = T, typename In1 = T>
+void pow_scalar_backward(const ElementwiseIter& it) {
+  using A = opmath_t<T>;
+  const A p = param<T>(it, 0);
+  if (p == A(0)) {
+    map2<T, In0, In1>(it, [](A, A) { return A(0); });
+  } else if (p == A(2)) {
+    map2<T, In0, In1>(it, [](A g, A x) { return g * A(2) * x; });
+  } else {
+    map2<T, In0, In1>(it, [p](A g, A x) { return g * p * std::pow(x, p - A(1)); });
+  }
+}
+
+// The mixed forms of the gradients of autocast's float32 ops (backend::has_mixed_form): out
+// float16 / bfloat16 R, the gradient float32, the saved tensor float32 or R; computed in float as
+// the float32 op does, rounded once by the store.
+void binary_narrowing(ElemOp op, const ElementwiseIter& it) {
+  dispatch_reduced(op, it, 0, [&](auto tag) {
+    using R = decltype(tag);
+    const bool saved_float = it.dtypes[2] == DType::Float32;
+    switch (op) {
+      case ElemOp::Mul:
+        if (saved_float) return map2<R, float, float>(it, [](float a, float b) { return a * b; });
+        break;
+      case ElemOp::SqrtBackward:
+        if (saved_float) return map2<R, float, float>(it, [](float g, float y) { return g / (y * 2.0f); });
+        break;
+      case ElemOp::Div:
+        if (!saved_float) return map2<R, float, R>(it, [](float a, float b) { return a / b; });
+        break;
+      case ElemOp::PowScalarBackward:
+        if (!saved_float) return pow_scalar_backward<R, float, R>(it);
+        break;
+      default:
+        break;
+    }
+    TG_ERROR(op_name(op), ": no cpu kernel for the dtypes ", dtype_name(it.dtypes[0]), ", ", dtype_name(it.dtypes[1]),
+             ", ", dtype_name(it.dtypes[2]));
+  });
+}
+
 }  // namespace
 
 void binary_kernel(ElemOp op, const ElementwiseIter& it) {
   const DType t = it.dtypes[0];
+  if (it.noperands == 3 && it.dtypes[1] != t &&
+      (op == ElemOp::Mul || op == ElemOp::Div || op == ElemOp::PowScalarBackward || op == ElemOp::SqrtBackward))
+    return binary_narrowing(op, it);
   switch (op) {
     case ElemOp::Add:
       return dispatch<Kinds::Numeric>(op, t, [&](auto tag) { add_sub<decltype(tag)>(it, 1); });
@@ -116,17 +160,11 @@ void binary_kernel(ElemOp op, const ElementwiseIter& it) {
         map2<decltype(tag)>(it, [](A g, A x) { return x > A(0) ? g : (x < A(0) ? -g : A(0)); });
       });
     case ElemOp::PowScalarBackward:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) { pow_scalar_backward<decltype(tag)>(it); });
+    case ElemOp::SqrtBackward:
       return dispatch<Kinds::Float>(op, t, [&](auto tag) {
-        using T = decltype(tag);
-        using A = opmath_t<T>;
-        const A p = param<T>(it, 0);
-        if (p == A(0)) {
-          map2<T>(it, [](A, A) { return A(0); });
-        } else if (p == A(2)) {
-          map2<T>(it, [](A g, A x) { return g * A(2) * x; });
-        } else {
-          map2<T>(it, [p](A g, A x) { return g * p * std::pow(x, p - A(1)); });
-        }
+        using A = opmath_t<decltype(tag)>;
+        map2<decltype(tag)>(it, [](A g, A y) { return g / (y * A(2)); });
       });
 
     case ElemOp::Where:

@@ -18,24 +18,47 @@ void compare_scalar(const ElementwiseIter& it, Cmp cmp) {
   cpu_kernel<bool, T>(it, [p, cmp](T x) { return cmp(static_cast<A>(x), p); });
 }
 
-template <typename T>
+template <typename T, typename Out = T>
 void pow_scalar(const ElementwiseIter& it) {
   using A = opmath_t<T>;
   const A p = param<T>(it, 0);
   // x * x is exactly pow(x, 2) and much cheaper; likewise pow(x, 1) == x.
   if (p == A(2)) {
-    map1<T>(it, [](A x) { return x * x; });
+    map1<T, Out>(it, [](A x) { return x * x; });
   } else if (p == A(1)) {
-    map1<T>(it, [](A x) { return x; });
+    map1<T, Out>(it, [](A x) { return x; });
   } else {
-    map1<T>(it, [p](A x) { return std::pow(x, p); });
+    map1<T, Out>(it, [p](A x) { return std::pow(x, p); });
   }
+}
+
+// The mixed form of autocast's float32 ops (backend::has_mixed_form): a float16 / bfloat16 input
+// read as is, float32 out, computed as the float32 op does.
+void unary_widening(ElemOp op, const ElementwiseIter& it) {
+  dispatch_reduced(op, it, 1, [&](auto tag) {
+    using R = decltype(tag);
+    switch (op) {
+      case ElemOp::Exp:
+        return map1<R, float>(it, [](float x) { return std::exp(x); });
+      case ElemOp::Log:
+        return map1<R, float>(it, [](float x) { return std::log(x); });
+      case ElemOp::Sqrt:
+        return map1<R, float>(it, [](float x) { return std::sqrt(x); });
+      case ElemOp::PowScalar:
+        return pow_scalar<R, float>(it);
+      default:
+        TG_ERROR(op_name(op), ": no cpu kernel from ", dtype_name(it.dtypes[1]), " to float32");
+    }
+  });
 }
 
 }  // namespace
 
 void unary_kernel(ElemOp op, const ElementwiseIter& it) {
   const DType t = it.dtypes[0];
+  if (it.noperands == 2 && it.dtypes[1] != t &&
+      (op == ElemOp::Exp || op == ElemOp::Log || op == ElemOp::Sqrt || op == ElemOp::PowScalar))
+    return unary_widening(op, it);
   switch (op) {
     case ElemOp::Fill:
       return dispatch<Kinds::All>(op, t, [&](auto tag) {

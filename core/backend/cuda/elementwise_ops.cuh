@@ -116,6 +116,7 @@ template <class T> struct PowScalarBackwardF {
   T p;
   __device__ T operator()(T g, T x) const { return p == T(0) ? T(0) : g * p * pow_scalar(x, p - T(1)); }
 };
+template <class T> struct SqrtBackwardF { __device__ T operator()(T g, T y) const { return g / (y * T(2)); } };
 
 // ---- ternary / nullary / copy
 template <class T> struct WhereF { __device__ T operator()(bool c, T a, T b) const { return c ? a : b; } };
