@@ -1,5 +1,6 @@
 // Trivial kernels for the launch-overhead baselines of bench_overhead: where does
 // the time of a tiny launch go on this machine (host enqueue, stream kind, GPU)?
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -69,6 +70,49 @@ void launch_report(float* p, int n, int count) {
       if (rep == 2)
         std::printf("{\"workload\": \"raw_launch_%s\", \"value\": %.3f, \"unit\": \"us/op\", \"enqueue_us\": %.3f}\n",
                     k.name, (t2 - t0) / count, (t1 - t0) / count);
+    }
+  }
+  // The same kernel through the driver's cuLaunchKernel with the CUfunction looked up once
+  // (no linking to libcuda: the entry point comes from the runtime), and through
+  // cudaLaunchKernel: is the runtime's per-launch lookup a visible part of a launch?
+  {
+    using LaunchFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                  CUstream, void**, void**);
+    void* entry = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    cudaFunction_t fn = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuLaunchKernel", &entry, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess && cudaGetFuncBySymbol(&fn, reinterpret_cast<const void*>(add_one)) == cudaSuccess) {
+      auto launch = reinterpret_cast<LaunchFn>(entry);
+      float* pp = p;
+      int nn = n;
+      void* args[] = {&pp, &nn};
+      for (int rep = 0; rep < 3; ++rep) {
+        cudaDeviceSynchronize();
+        double t0 = now_us();
+        for (int i = 0; i < count; ++i)
+          launch(reinterpret_cast<CUfunction>(fn), 1, 1, 1, 32, 1, 1, 0, reinterpret_cast<CUstream>(created), args, nullptr);
+        double t1 = now_us();
+        cudaStreamSynchronize(created);
+        double t2 = now_us();
+        if (rep == 2)
+          std::printf("{\"workload\": \"raw_launch_driver_api\", \"value\": %.3f, \"unit\": \"us/op\", \"enqueue_us\": %.3f}\n",
+                      (t2 - t0) / count, (t1 - t0) / count);
+      }
+      for (int rep = 0; rep < 3; ++rep) {
+        cudaDeviceSynchronize();
+        double t0 = now_us();
+        for (int i = 0; i < count; ++i)
+          cudaLaunchKernel(reinterpret_cast<const void*>(add_one), dim3(1), dim3(32), args, 0, created);
+        cudaStreamSynchronize(created);
+        double t1 = now_us();
+        if (rep == 2)
+          std::printf("{\"workload\": \"raw_launch_cudaLaunchKernel\", \"value\": %.3f, \"unit\": \"us/op\"}\n",
+                      (t1 - t0) / count);
+      }
+    } else {
+      (void)cudaGetLastError();
+      std::printf("{\"workload\": \"raw_launch_driver_api\", \"value\": null, \"note\": \"no entry point\"}\n");
     }
   }
   cudaGraph_t graph;

@@ -2,12 +2,17 @@
 // gradient, built on the shared multi-tensor apply, and the one-thread scale
 // update, which also clears the found_inf flags it consumed. Both read the scale
 // and found_inf on the device: no host sync.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <vector>
 
 #include "amp/cuda/amp_kernels.h"
 #include "core/backend/cuda/multi_tensor.cuh"
+
+namespace tg::cuda::kern {
+int sm_count(int device);  // core/backend/cuda/reduce.cu
+}
 
 namespace tg::amp::cuda {
 
@@ -79,9 +84,16 @@ void non_finite_check_and_unscale(const std::vector<Tensor>& grads, const Tensor
   float* inf_ptr = static_cast<float*>(found_inf.data_ptr());
   const float* scale_ptr = scale.defined() ? static_cast<const float*>(scale.data_ptr()) : nullptr;
   for (auto& [dtype, entries] : by_dtype) {
-    // Plans are a few hundred bytes of host work; the gradients are new tensors every
-    // iteration, so there is little to gain from caching them.
-    const mt::MultiTensorPlan<1> plan(std::move(entries));
+    // Chunks small enough that a few MB (the float16 operands standing in for a weight
+    // gradient, amp/finite_witness.h) still spread over every SM: ~2 blocks per SM, a chunk
+    // of 2048 to 65536 elements. Plans are a few hundred bytes of host work; the gradients
+    // are new tensors every iteration, so there is little to gain from caching them.
+    int64_t total = 0;
+    for (const auto& e : entries) total += e.numel;
+    const int64_t blocks = 2 * int64_t{::tg::cuda::kern::sm_count(device)};
+    const int64_t per_block = (total + blocks - 1) / blocks;
+    const int64_t chunk = std::clamp<int64_t>((per_block + 2047) / 2048 * 2048, 2048, mt::kChunkSize);
+    const mt::MultiTensorPlan<1> plan(std::move(entries), chunk);
     mt::dispatch_floating(dtype, "GradScaler.unscale_", [&](auto tag) {
       using T = decltype(tag);
       if (scale_ptr)
