@@ -16,6 +16,9 @@
 #include <tapegrad/tapegrad.h>
 
 #include <cstdio>
+#include <thread>
+#include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -123,12 +126,39 @@ double run_graph_loop(const Options& o) {
   side.synchronize();
   tg::cuda::Event start, end;
   std::vector<double> us;
+  std::vector<double> host_us;
   for (int r = 0; r < o.reps; ++r) {
     start.record();
+    const double t0 = tg::bench::now_s();
     for (int i = 0; i < kSteps; ++i) step();
+    host_us.push_back((tg::bench::now_s() - t0) * 1e6 / kSteps);
     end.record();
     end.synchronize();
     us.push_back(start.elapsed_ms(end) * 1e3 / kSteps);
+  }
+  if (std::getenv("TG_AMP_DIAG")) {
+    std::fprintf(stderr, "graph loop: host enqueue %.1f us/step\n", median(host_us));
+    auto addr = [](const char* what, const tg::Tensor& t) {
+      const auto a = reinterpret_cast<uintptr_t>(t.data_ptr());
+      std::fprintf(stderr, "  %s at %#lx (mod 2 MiB: %#lx)\n", what, static_cast<unsigned long>(a),
+                   static_cast<unsigned long>(a % (2u << 20)));
+    };
+    addr("weight", g.model.weight);
+    addr("weight grad", g.model.weight.grad());
+    addr("input", inp);
+    auto time_loop = [&](const std::function<void()>& f) {
+      std::vector<double> t;
+      for (int r = 0; r < 5; ++r) {
+        start.record();
+        for (int i = 0; i < kSteps; ++i) f();
+        end.record();
+        end.synchronize();
+        t.push_back(start.elapsed_ms(end) * 1e3 / kSteps);
+      }
+      return median(t);
+    };
+    std::fprintf(stderr, "same graph: replay only %.1f us, normal_ only %.1f us, both %.1f us\n",
+                 time_loop([&] { graph.replay(); }), time_loop([&] { inp.normal_(); }), time_loop(step));
   }
   return median(us);
 }
@@ -197,6 +227,13 @@ int main(int argc, char** argv) {
            "\"note\": \"one tg::cuda::Graph replay per step, input drawn in place first (normal_)\"");
     }
     if (o.wants("amp_graph_phase")) graph_phase_breakdown(o);
+    if (std::getenv("TG_AMP_DIAG")) {
+      if (const char* z = std::getenv("TG_AMP_DIAG_SLEEP")) {
+        tg::cuda::synchronize();
+        std::this_thread::sleep_for(std::chrono::seconds(std::atoi(z)));
+      }
+      std::fprintf(stderr, "graph loop again, last: %.1f us/step\n", run_graph_loop(o));
+    }
     if (r16 && r32)
       emit("amp_fp16_vs_fp32", r16->us_per_step, "us/step", r16->us_per_step * kSteps * 1e-3,
            "\"baseline\": " + std::to_string(r32->us_per_step) + ", \"baseline_name\": \"tg float32\"");

@@ -52,6 +52,16 @@ __global__ void philox_fill_kernel(S* out, uint64_t n, uint64_t seed, uint64_t o
   } else {
     const float fscale = static_cast<float>(scale), fshift = static_cast<float>(shift);
     uint64_t c0 = blk * 4;
+    // Box-Muller radius and angle of the block's two pairs, once per pair (the same
+    // expressions as per element, so the same bits).
+    float rad[2] = {0.f, 0.f}, ang[2] = {0.f, 0.f};
+    if constexpr (kNormal) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        rad[q] = sqrtf(-2.0f * logf(1.0f - philox::to_unit_f32(w.w[2 * q])));
+        ang[q] = 6.283185307179586f * philox::to_unit_f32(w.w[2 * q + 1]);
+      }
+    }
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
       uint64_t c = c0 + l;
@@ -59,12 +69,8 @@ __global__ void philox_fill_kernel(S* out, uint64_t n, uint64_t seed, uint64_t o
       uint64_t i = c - offset;
       if (i >= n) break;
       if constexpr (kNormal) {
-        int p = l & ~1;
-        float u1 = 1.0f - philox::to_unit_f32(w.w[p]);
-        float u2 = philox::to_unit_f32(w.w[p + 1]);
-        float r = sqrtf(-2.0f * logf(u1));
-        float ang = 6.283185307179586f * u2;
-        float z = (l & 1) ? r * sinf(ang) : r * cosf(ang);
+        const int q = l >> 1;
+        float z = (l & 1) ? rad[q] * sinf(ang[q]) : rad[q] * cosf(ang[q]);
         out[i] = cast<S>(affine(z, fscale, fshift));
       } else {
         S v = cast<S>(affine(philox::to_unit_f32(w.w[l]), fscale, fshift));
