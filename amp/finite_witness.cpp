@@ -22,6 +22,7 @@ struct Entry {
 struct Registry {
   std::mutex mu;
   std::unordered_map<const TensorImpl*, Entry> entries;
+  std::vector<std::weak_ptr<TensorImpl>> last_operands;  // of the latest note that was kept
   size_t purge_at = 64;  // purge dead entries when the map grows past this
   int64_t hits = 0;
 };
@@ -54,17 +55,32 @@ std::shared_ptr<void> witness_token() {
 void note_finite_witness(const Tensor& grad, std::initializer_list<Tensor> operands) {
   if (g_tokens.load(std::memory_order_relaxed) == 0) return;
   if (!grad.defined() || grad.dtype() != kFloat32 || operands.size() == 0) return;
-  for (const Tensor& t : operands)
-    if (!t.defined() || t.dtype() != kFloat16 || !t.is_contiguous() || t.device() != grad.device()) return;
-  Entry e;
-  e.grad = grad.impl_ptr();
-  e.version = grad.version();
+  int64_t bytes = 0;
   for (const Tensor& t : operands) {
-    e.operands.push_back(t);
-    e.versions.push_back(t.version());
+    if (!t.defined() || t.dtype() != kFloat16 || !t.is_contiguous() || t.device() != grad.device()) return;
+    bytes += static_cast<int64_t>(t.nbytes());
   }
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
+  // The entry keeps its operands alive until the check, so it must be cheap to hold: at most a
+  // quarter of the gradient's bytes, or operands that the latest kept entry holds anyway (a
+  // linear's bias gradient after its weight's: both read dY).
+  if (4 * bytes > static_cast<int64_t>(grad.nbytes())) {
+    for (const Tensor& t : operands) {
+      const bool held = std::any_of(r.last_operands.begin(), r.last_operands.end(),
+                                    [&](const std::weak_ptr<TensorImpl>& w) { return w.lock() == t.impl_ptr(); });
+      if (!held) return;
+    }
+  }
+  Entry e;
+  e.grad = grad.impl_ptr();
+  e.version = grad.version();
+  r.last_operands.clear();
+  for (const Tensor& t : operands) {
+    e.operands.push_back(t);
+    e.versions.push_back(t.version());
+    r.last_operands.push_back(t.impl_ptr());
+  }
   r.entries[&grad.impl()] = std::move(e);
   if (r.entries.size() > r.purge_at) purge_locked(r);
 }

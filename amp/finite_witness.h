@@ -32,7 +32,9 @@ std::shared_ptr<void> witness_token();
 
 // Notes that `grad` (freshly computed, float32) is finite iff every operand is: call only
 // where that holds (see above). Ignored unless the operands are dense, float16 and on grad's
-// device. Whether reading them pays is decided at the check (GradScaler::check_grads).
+// device, and either at most a quarter of grad's bytes or all held by the latest kept entry
+// (the entry keeps them alive until the check). Whether reading them pays is decided at the
+// check (GradScaler::check_grads).
 void note_finite_witness(const Tensor& grad, std::initializer_list<Tensor> operands);
 
 // Consumes grad's entry. With `use`: the operands that stand in for `grad` in an inf/NaN

@@ -501,6 +501,31 @@ TEST(GradScaler, FiniteWitnessDroppedWhenStale) {
   }
 }
 
+// Operands larger than a quarter of the gradient are not kept (they would hold activations
+// until the step): a large batch through a small layer checks the gradients themselves.
+TEST(GradScaler, FiniteWitnessSkippedForLargeOperands) {
+  for (Device dev : devices()) {
+    SCOPED_TRACE(dev.str());
+    manual_seed(9);
+    nn::Linear lin(64, 64, true, TensorOptions().device(dev));
+    optim::SGD opt(lin.parameters(), {.lr = 0.1});
+    amp::GradScaler scaler;
+    Tensor x = randn({512, 64}, TensorOptions().device(dev));
+    Tensor loss;
+    {
+      amp::autocast ac(dev.type(), kFloat16);
+      loss = lin(x).pow(2).mean();
+    }
+    scaler.scale(loss).backward();
+    EXPECT_EQ(amp::detail::finite_witness_entries(), 0);
+    amp::detail::reset_finite_witness_hits();
+    scaler.step(opt);
+    EXPECT_EQ(amp::detail::finite_witness_hits(), 0);
+    EXPECT_EQ(scaler.found_inf(opt).item<float>(), 0.f);
+    scaler.update();
+  }
+}
+
 // Without an enabled GradScaler alive nothing is recorded (no operands kept alive).
 TEST(GradScaler, FiniteWitnessOnlyWithAScaler) {
   for (Device dev : devices()) {
