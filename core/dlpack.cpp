@@ -187,7 +187,7 @@ Tensor import_impl(Managed* m, const char* op) {
     Tensor t = from_blob(data, std::move(sizes), std::move(strides), &import_deleter<Managed>, ctx.get(),
                          TensorOptions().dtype(dtype).device(device));
     ctx->fired = nullptr;
-    ctx.release();  // the storage's deleter owns it now
+    (void)ctx.release();  // the storage's deleter owns it now
     return t;
   } catch (...) {
     if (!fired && m->deleter) m->deleter(m);

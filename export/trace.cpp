@@ -112,7 +112,10 @@ class GraphTracer final : public detail::Tracer {
   void generalize(Node& n, const Tensor& out, const std::vector<Tensor>& inputs) {
     auto set_ints = [&](const char* name, std::vector<int64_t> v) {
       for (auto& a : n.attrs)
-        if (a.name == name) a.value = std::move(v);
+        if (a.name == name) {
+          a.value = std::move(v);  // names are unique: v is used once
+          return;
+        }
     };
     if (n.op == OpKind::View || n.op == OpKind::Reshape) {
       std::vector<int64_t> shape(out.sizes().begin(), out.sizes().end());

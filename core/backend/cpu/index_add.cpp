@@ -49,6 +49,7 @@ void add_n(const Tensor& out, const std::vector<Tensor>& inputs) {
       using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
       T* o = static_cast<T*>(out.data_ptr());
       std::vector<const T*> in;
+      in.reserve(inputs.size());
       for (const Tensor& t : inputs) in.push_back(static_cast<const T*>(t.data_ptr()));
       parallel_for(0, out.numel(), 16384, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
