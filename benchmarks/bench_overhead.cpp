@@ -13,6 +13,7 @@
 int launch_add_one(float* p, int n, int count, void* stream);
 void launch_report(float* p, int n, int count);
 void runtime_call_report(float* p, int n, int count);
+void batch_report(float* p, int n, int count);
 
 namespace {
 using tg::bench::emit;
@@ -39,6 +40,8 @@ int main(int argc, char** argv) {
   auto buf = tg::zeros({16}, tg::kCUDA);
   launch_report(buf.data_ptr<float>(), 16, kOps);
   runtime_call_report(buf.data_ptr<float>(), 16, kOps);
+  batch_report(buf.data_ptr<float>(), 16, 2048);
+  if (std::getenv("TG_BATCH_ONLY")) return 0;
   {  // the same front-end on CPU tensors: tapegrad's host cost on this machine without CUDA
     auto xc = tg::rand({16});
     emit("overhead_add_chain_cpu", per_op_us(o, kOps, [&] {

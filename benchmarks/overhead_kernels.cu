@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <vector>
 
 namespace {
 __global__ void add_one(float* p, int n) {
@@ -19,6 +20,10 @@ struct BigArgs {
   float* p;
   long long pad[63];
 };
+__global__ void add_two(float* p, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) p[i] += 2.f;
+}
 __global__ void add_one_big(BigArgs a, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) a.p[i] += 1.f;
@@ -132,4 +137,96 @@ void launch_report(float* p, int n, int count) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(created);
+}
+
+// Batched launches: `count` tiny dependent launches recorded into batches of k and sent as one
+// graph launch each, either by updating the nodes of a cached k-node chain
+// (cudaGraphExecKernelNodeSetParams; `alternate` switches the kernel every node) or by stream
+// capture + cudaGraphExecUpdate. Prints host µs/op for enqueue and end-to-end.
+void batch_report(float* p, int n, int count) {
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  for (int k : {16, 32, 64, 128}) {
+    for (int alternate = 0; alternate < 2; ++alternate) {
+      cudaGraph_t g;
+      cudaGraphCreate(&g, 0);
+      std::vector<cudaGraphNode_t> nodes(k);
+      float* pp = p;
+      int nn = n;
+      void* args[] = {&pp, &nn};
+      cudaKernelNodeParams kp{};
+      kp.func = reinterpret_cast<void*>(add_one);
+      kp.gridDim = dim3(1);
+      kp.blockDim = dim3(32);
+      kp.kernelParams = args;
+      for (int i = 0; i < k; ++i) cudaGraphAddKernelNode(&nodes[i], g, i ? &nodes[i - 1] : nullptr, i ? 1 : 0, &kp);
+      cudaGraphExec_t e;
+      double ti0 = now_us();
+      cudaGraphInstantiate(&e, g, 0);
+      double ti1 = now_us();
+      double enq = 0, tot = 0;
+      for (int rep = 0; rep < 3; ++rep) {
+        cudaDeviceSynchronize();
+        double t0 = now_us();
+        for (int done = 0; done < count; done += k) {
+          for (int i = 0; i < k; ++i) {
+            kp.func = reinterpret_cast<void*>(alternate && (i & 1) ? add_two : add_one);
+            cudaGraphExecKernelNodeSetParams(e, nodes[i], &kp);
+          }
+          cudaGraphLaunch(e, s);
+        }
+        double t1 = now_us();
+        cudaStreamSynchronize(s);
+        double t2 = now_us();
+        enq = (t1 - t0) / count;
+        tot = (t2 - t0) / count;
+      }
+      std::printf("{\"workload\": \"batched_setparams_k%d%s\", \"value\": %.3f, \"unit\": \"us/op\", \"enqueue_us\": %.3f, "
+                  "\"instantiate_us\": %.1f, \"err\": \"%s\"}\n",
+                  k, alternate ? "_alt" : "", tot, enq, ti1 - ti0, cudaGetErrorString(cudaGetLastError()));
+      // Disabling the tail: what a partial batch costs.
+      double td0 = now_us();
+      for (int i = k / 2; i < k; ++i) cudaGraphNodeSetEnabled(e, nodes[i], 0);
+      for (int i = k / 2; i < k; ++i) cudaGraphNodeSetEnabled(e, nodes[i], 1);
+      double td1 = now_us();
+      if (alternate == 0)
+        std::printf("{\"workload\": \"batched_node_enable_toggle_k%d\", \"value\": %.3f, \"unit\": \"us/call\"}\n", k,
+                    (td1 - td0) / k);
+      cudaGraphExecDestroy(e);
+      cudaGraphDestroy(g);
+    }
+    // Stream capture into a side stream, then cudaGraphExecUpdate into a cached exec.
+    cudaStream_t cs;
+    cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);
+    cudaGraphExec_t e = nullptr;
+    double enq = 0, tot = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+      cudaDeviceSynchronize();
+      double t0 = now_us();
+      for (int done = 0; done < count; done += k) {
+        cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal);
+        for (int i = 0; i < k; ++i) add_one<<<1, 32, 0, cs>>>(p, n);
+        cudaGraph_t g;
+        cudaStreamEndCapture(cs, &g);
+        if (!e) {
+          cudaGraphInstantiate(&e, g, 0);
+        } else {
+          cudaGraphExecUpdateResultInfo info;
+          if (cudaGraphExecUpdate(e, g, &info) != cudaSuccess) std::printf("update failed\n");
+        }
+        cudaGraphDestroy(g);
+        cudaGraphLaunch(e, s);
+      }
+      double t1 = now_us();
+      cudaStreamSynchronize(s);
+      double t2 = now_us();
+      enq = (t1 - t0) / count;
+      tot = (t2 - t0) / count;
+    }
+    std::printf("{\"workload\": \"batched_capture_update_k%d\", \"value\": %.3f, \"unit\": \"us/op\", \"enqueue_us\": %.3f, \"err\": \"%s\"}\n",
+                k, tot, enq, cudaGetErrorString(cudaGetLastError()));
+    cudaGraphExecDestroy(e);
+    cudaStreamDestroy(cs);
+  }
+  cudaStreamDestroy(s);
 }

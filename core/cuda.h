@@ -28,7 +28,9 @@ class Stream {
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
   ~Stream();
-  void* handle() const { return handle_; }  // cudaStream_t
+  // cudaStream_t. Work tapegrad deferred (small elementwise launches are batched) is sent to
+  // the GPU first, so what the caller enqueues on the handle runs after it.
+  void* handle() const;
   int device() const { return device_; }
   void synchronize() const;
   bool query() const;  // true when all work is done

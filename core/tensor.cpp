@@ -8,6 +8,7 @@
 #include "core/native.h"
 #include "core/trace.h"
 #ifdef TG_WITH_CUDA
+#include "core/backend/cuda/launch_queue.h"
 #include "core/backend/cuda/runtime.h"
 #endif
 
@@ -19,6 +20,11 @@ int64_t Tensor::stride(int64_t d) const { return strides()[detail::wrap_dim(d, d
 
 void* Tensor::data_ptr() const {
   const TensorImpl& i = impl();
+#ifdef TG_WITH_CUDA
+  // The pointer may go to the caller's own kernel or copy: small launches tapegrad deferred
+  // (launch_queue.h) are sent to the GPU first, so work the caller enqueues comes after them.
+  if (i.device.is_cuda()) cuda::detail::flush_launches();
+#endif
   return static_cast<char*>(i.storage->data()) + i.offset * static_cast<int64_t>(element_size());
 }
 

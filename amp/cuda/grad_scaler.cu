@@ -72,6 +72,7 @@ void non_finite_check_and_unscale(const std::vector<Tensor>& grads, const Tensor
   if (grads.empty()) return;
   const int device = found_inf.device().index();
   ::tg::cuda::detail::DeviceGuard guard(device);
+  ::tg::cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
   cudaStream_t stream = ::tg::cuda::detail::current_stream_handle(device);
   std::map<DType, std::vector<mt::TensorListEntry<1>>> by_dtype;
   for (const Tensor& g : grads) {
@@ -113,6 +114,7 @@ void update_scale(const Tensor& scale, const Tensor& growth_tracker, const std::
   for (size_t i = 0; i < found_infs.size(); ++i) found.ptr[i] = static_cast<float*>(found_infs[i].data_ptr());
   const int device = scale.device().index();
   ::tg::cuda::detail::DeviceGuard guard(device);
+  ::tg::cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
   cudaStream_t stream = ::tg::cuda::detail::current_stream_handle(device);
   update_scale_kernel<<<1, 1, 0, stream>>>(static_cast<float*>(scale.data_ptr()),
                                            static_cast<int32_t*>(growth_tracker.data_ptr()), found, growth_factor,

@@ -472,7 +472,8 @@ Tensor add_n(const std::vector<Tensor>& ts) {
   std::vector<std::pair<Tensor, int64_t>> unique;
   for (const Tensor& t : ts) {
     auto it = std::find_if(unique.begin(), unique.end(), [&](const auto& u) {
-      return u.first.data_ptr() == t.data_ptr() && u.first.strides() == t.strides();
+      return u.first.impl().storage == t.impl().storage && u.first.storage_offset() == t.storage_offset() &&
+             u.first.strides() == t.strides();
     });
     if (it != unique.end()) ++it->second;
     else unique.emplace_back(t, 1);

@@ -95,6 +95,7 @@ void launch_fused_step(std::unique_ptr<FusedCache>& cache, const Tensor& param0,
                        const float* found_inf, Make make) {
   const Device device = param0.device();
   ::tg::cuda::detail::DeviceGuard guard(device.index());
+  ::tg::cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
   cudaStream_t stream = ::tg::cuda::detail::current_stream_handle(device.index());
   FusedStepCache& c = step_cache(cache, device);
   const auto& plan = c.plan<kDepth>(std::move(entries));

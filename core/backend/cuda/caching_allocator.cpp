@@ -24,6 +24,7 @@
 #include <set>
 #include <vector>
 
+#include "core/backend/cuda/launch_queue.h"
 #include "core/backend/cuda/runtime.h"
 #include "core/cuda.h"
 
@@ -84,7 +85,8 @@ class DeviceAllocator {
     if (nbytes == 0) return DataPtr(nullptr, nullptr, nullptr, dev);
     const size_t size = round_up(nbytes, kRound);
     const bool small = size <= kSmallSize;
-    cudaStream_t stream = current_stream_handle(device_);
+    // Allocation enqueues nothing, so deferred launches stay deferred (launch_queue.h).
+    cudaStream_t stream = current_stream_noflush(device_);
     const uint64_t capture = capture_pool_of_thread(device_);
 
     std::lock_guard<std::mutex> lock(mu_);
@@ -126,7 +128,9 @@ class DeviceAllocator {
       return;
     }
     if (!block->stream_uses.empty()) {
-      // Used on other streams: the memory is reusable only after their queued work ends.
+      // Used on other streams: the memory is reusable only after their queued work ends
+      // (including launches still deferred).
+      flush_launches();
       DeviceGuard g(device_);
       for (cudaStream_t s : block->stream_uses) {
         cudaEvent_t ev = take_event();
@@ -338,7 +342,8 @@ class DeviceAllocator {
 
   // Frees every cached segment that is wholly unused. Caller holds mu_ and the device guard.
   void release_cached() {
-    // The cached blocks may still be read by queued kernels of their own stream.
+    // The cached blocks may still be read by queued (or deferred) kernels of their own stream.
+    flush_launches();
     TG_CUDA_CHECK(cudaDeviceSynchronize());
     process_events();
     for (FreeSet* pool : {&small_free_, &large_free_}) {

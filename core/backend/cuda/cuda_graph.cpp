@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "core/backend/cuda/done_counters.h"
+#include "core/backend/cuda/launch_queue.h"
 #include "core/backend/cuda/runtime.h"
 #include "core/cuda.h"
 #include "core/error.h"
@@ -94,6 +95,7 @@ struct GraphState {
     abort_capture();
     if (!exec && !graph && !pool && !counter_arena.get()) return;
     detail::DeviceGuard g(device);
+    detail::flush_launches();
     TG_CUDA_CHECK(cudaDeviceSynchronize());
     if (exec) {
       cudaGraphExec_t e = std::exchange(exec, nullptr);

@@ -13,10 +13,12 @@
 
 #include <cstdint>
 #include <cuda/std/tuple>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
 #include "core/backend/backend.h"
+#include "core/backend/cuda/launch_queue.h"
 #include "core/backend/cuda/opmath.cuh"
 #include "core/backend/cuda/runtime.h"
 
@@ -89,6 +91,36 @@ struct IntDivider {
 
 inline constexpr int kBlock = 128;
 inline constexpr int kUnroll = 4;
+
+// Launches up to this many elements may be deferred and batched (launch_queue.h): their GPU
+// time (a few µs at most) is below the host cost of a launch of their own.
+inline constexpr int64_t kDeferMaxNumel = int64_t{1} << 18;
+
+// Where a launch goes: the stream (looked up without flushing when `defer`), its device, and
+// whether the launch may wait in the launch queue.
+struct LaunchTarget {
+  cudaStream_t stream;
+  int device;
+  bool defer;
+};
+
+template <class... P, size_t... I>
+void launch_tuple(void (*kernel)(P...), dim3 grid, dim3 block, const LaunchTarget& t, std::tuple<P...>& vals,
+                  std::index_sequence<I...>) {
+  void* args[] = {static_cast<void*>(&std::get<I>(vals))...};
+  const size_t sizes[] = {sizeof(P)...};
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  if (t.defer && detail::defer_launch(fn, grid, block, t.stream, t.device, args, sizes, sizeof...(P))) return;
+  TG_CUDA_CHECK(cudaLaunchKernel(fn, grid, block, args, 0, t.stream));
+}
+
+// kernel<<<grid, block, 0, t.stream>>>(a...), or recorded for a batched launch.
+template <class... P, class... A>
+void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, const LaunchTarget& t, const A&... a) {
+  static_assert(sizeof...(P) == sizeof...(A), "launch_kernel: argument count");
+  std::tuple<P...> vals(a...);
+  launch_tuple(kernel, grid, block, t, vals, std::index_sequence_for<P...>{});
+}
 
 // ---- geometry shared by both paths (host side): dims innermost first, byte strides.
 template <int N>
@@ -181,7 +213,7 @@ __global__ void __launch_bounds__(kBlock) strided_kernel(OffsetCalc<1 + sizeof..
 }
 
 template <class Out, class... In, class F>
-void launch_strided(const Geometry<1 + sizeof...(In)>& g, const F& f, cudaStream_t stream) {
+void launch_strided(const Geometry<1 + sizeof...(In)>& g, const F& f, const LaunchTarget& stream) {
   constexpr int N = 1 + sizeof...(In);
   constexpr int64_t kMaxIndex = int64_t{1} << 31;
   if (g.numel < kMaxIndex) {
@@ -195,8 +227,7 @@ void launch_strided(const Geometry<1 + sizeof...(In)>& g, const F& f, cudaStream
     for (int k = 0; k < N; ++k) ptrs.p[k] = g.data[k];
     auto n = static_cast<uint32_t>(g.numel);
     unsigned grid = (n + kBlock * kUnroll - 1) / (kBlock * kUnroll);
-    strided_kernel<F, Out, In...><<<grid, kBlock, 0, stream>>>(oc, ptrs, n, f);
-    TG_CUDA_CHECK_LAUNCH();
+    launch_kernel(strided_kernel<F, Out, In...>, dim3(grid), dim3(kBlock), stream, oc, ptrs, n, f);
     return;
   }
   // Too many elements for a 32-bit index: split along the outermost dim.
@@ -317,7 +348,7 @@ constexpr int max_size() {
 
 // Tries the vectorised path; false when the geometry does not allow it.
 template <class Out, class... In, class F>
-bool try_vec(const Geometry<1 + sizeof...(In)>& g, const F& f, cudaStream_t stream) {
+bool try_vec(const Geometry<1 + sizeof...(In)>& g, const F& f, const LaunchTarget& stream) {
   constexpr int N = 1 + sizeof...(In);
   constexpr int V = 16 / max_size<Out, In...>();
   constexpr int kSize[N] = {static_cast<int>(sizeof(Out)), static_cast<int>(sizeof(In))...};
@@ -345,10 +376,9 @@ bool try_vec(const Geometry<1 + sizeof...(In)>& g, const F& f, cudaStream_t stre
   uint32_t tail = rows == 1 ? static_cast<uint32_t>(cols % V) : 0;
   unsigned grid = static_cast<unsigned>((units + kBlock * kUnroll - 1) / (kBlock * kUnroll));
   if (grid == 0) grid = 1;
-  vec_kernel<V, F, Out, In...><<<grid, kBlock, 0, stream>>>(a, IntDivider(static_cast<uint32_t>(upr > 0 ? upr : 1)),
-                                                        static_cast<uint32_t>(units),
-                                                        static_cast<uint32_t>(upr * V), tail, f);
-  TG_CUDA_CHECK_LAUNCH();
+  launch_kernel(vec_kernel<V, F, Out, In...>, dim3(grid), dim3(kBlock), stream, a,
+                IntDivider(static_cast<uint32_t>(upr > 0 ? upr : 1)), static_cast<uint32_t>(units),
+                static_cast<uint32_t>(upr * V), tail, f);
   return true;
 }
 
@@ -359,9 +389,12 @@ void launch(const ElementwiseIter& it, const F& f) {
   if (it.numel == 0) return;
   const int sizes[N] = {static_cast<int>(sizeof(Out)), static_cast<int>(sizeof(In))...};
   Geometry<N> g = make_geometry<N>(it, sizes);
-  cudaStream_t stream = detail::current_stream_handle(it.device.index());
-  if (try_vec<Out, In...>(g, f, stream)) return;
-  launch_strided<Out, In...>(g, f, stream);
+  const int device = it.device.index();
+  const bool defer = it.numel <= kDeferMaxNumel && detail::tls_no_defer == 0;
+  const LaunchTarget t{defer ? detail::current_stream_noflush(device) : detail::current_stream_handle(device), device,
+                       defer};
+  if (try_vec<Out, In...>(g, f, t)) return;
+  launch_strided<Out, In...>(g, f, t);
 }
 
 // ---- dtype dispatch helpers for the op files

@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/backend/cuda/launch_queue.h"
 #include "core/backend/cuda/opmath.cuh"
 #include "core/backend/cuda/runtime.h"
 #include "core/dtype.h"

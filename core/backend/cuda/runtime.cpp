@@ -7,6 +7,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/backend/cuda/launch_queue.h"
 #include "core/cuda.h"
 
 namespace tg::cuda {
@@ -70,10 +71,15 @@ bool current_stream_capturing(int device) {
   return st != cudaStreamCaptureStatusNone;
 }
 
-cudaStream_t current_stream_handle(int device) {
+cudaStream_t current_stream_noflush(int device) {
   if (device < 0) TG_CUDA_CHECK(cudaGetDevice(&device));
   TG_CHECK(device < kMaxDevices, "current_stream: device ", device, " out of range");
   return tls_streams[device];
+}
+
+cudaStream_t current_stream_handle(int device) {
+  flush_launches();
+  return current_stream_noflush(device);
 }
 
 }  // namespace detail
@@ -119,6 +125,7 @@ void set_device(int index) {
 void synchronize(int device) {
   device = detail::checked_device(device, "tg::cuda::synchronize");
   detail::DeviceGuard g(device);
+  detail::flush_launches();
   TG_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -159,6 +166,7 @@ Stream::~Stream() {
   if (owned_ && handle_) {
     // Finish the queued work first: the caching allocator keys cached blocks by
     // stream handle, and a later stream may be given this same handle.
+    detail::flush_launches_nothrow();
     cudaError_t err = cudaStreamSynchronize(static_cast<cudaStream_t>(handle_));
     if (err == cudaSuccess) err = cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
     if (err != cudaSuccess) {
@@ -171,9 +179,18 @@ Stream::~Stream() {
   owned_ = false;
 }
 
-void Stream::synchronize() const { TG_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_))); }
+void* Stream::handle() const {
+  detail::flush_launches();  // whatever the caller does with the stream comes after our work
+  return handle_;
+}
+
+void Stream::synchronize() const {
+  detail::flush_launches();
+  TG_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)));
+}
 
 bool Stream::query() const {
+  detail::flush_launches();
   cudaError_t err = cudaStreamQuery(static_cast<cudaStream_t>(handle_));
   if (err == cudaErrorNotReady) return false;
   TG_CUDA_CHECK(err);

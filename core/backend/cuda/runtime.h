@@ -50,7 +50,12 @@ class DeviceGuard {
   int prev_;
 };
 
+// The current stream of `device` (-1: the current device) for work about to be enqueued on
+// it: deferred launches (launch_queue.h) are flushed first, so the work runs after them.
 cudaStream_t current_stream_handle(int device);
+// The same without flushing, for the allocator (which enqueues nothing) and for launches that
+// may themselves be deferred.
+cudaStream_t current_stream_noflush(int device);
 
 // Run on the current stream before every tg::cuda::Graph replay (amp uses it to recast
 // shadow weights whose float32 parameter was edited since capture). One hook; null clears.

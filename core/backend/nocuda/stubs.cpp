@@ -29,6 +29,7 @@ Stream Stream::wrap(void*, int) { no_cuda("tg::cuda::Stream::wrap"); }
 Stream::Stream(Stream&& o) noexcept : handle_(o.handle_), device_(o.device_), owned_(o.owned_) {}
 Stream& Stream::operator=(Stream&&) noexcept { return *this; }
 Stream::~Stream() = default;
+void* Stream::handle() const { return handle_; }
 void Stream::synchronize() const { no_cuda("tg::cuda::Stream::synchronize"); }
 bool Stream::query() const { no_cuda("tg::cuda::Stream::query"); }
 
