@@ -321,9 +321,34 @@ __global__ void __launch_bounds__(kReduceThreads)
   int64_t o = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (o >= M) return;
   Acc acc = r.identity();
-  for (int64_t s = lane; s < split; s += 32) acc = r.combine(acc, partial[o * split + s]);
+  // Each lane combines its partials s = lane, lane + 32, ... in order; they are loaded 8 at a
+  // time first, so the loads overlap instead of each waiting for the previous combine.
+  constexpr int kAhead = 8;
+  const Acc* p = partial + o * split;
+  for (int64_t s0 = lane; s0 < split; s0 += 32 * kAhead) {
+    Acc v[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) v[u] = s0 + 32 * u < split ? p[s0 + 32 * u] : r.identity();
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u)
+      if (s0 + 32 * u < split) acc = r.combine(acc, v[u]);
+  }
   acc = warp_reduce(r, acc);
   if (lane == 0) r.store(out, out_dtype, o, acc);
+}
+
+// Blocks of kReduceThreads threads of `kernel` that fit on one SM at once (cached per kernel).
+template <auto kKernel>
+int resident_blocks() {
+  static const int n = [] {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kKernel, kReduceThreads, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      b = 0;
+    }
+    return b > 0 ? b : 8;
+  }();
+  return n;
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -365,7 +390,9 @@ void run_reduce(const R& r, const ReducePlan& p) {
     int by = kReduceThreads / bx;
     int64_t bblocks = ceil_div(B4, bx);
     int64_t base = p.A * bblocks;
-    int64_t target_blocks = int64_t{sms} * 8;
+    // One full wave: as many blocks as fit on the SMs at once (a Welford block holds more
+    // registers than a sum's, and a second partial wave would leave SMs idle at its end).
+    int64_t target_blocks = int64_t{sms} * resident_blocks<reduce_middle_vec4_kernel<R, S>>();
     if (base < target_blocks && p.K > kSplitMinK)
       split = std::max<int64_t>(1, std::min({ceil_div(target_blocks, base), ceil_div(p.K, int64_t{by} * 16), int64_t{65535}}));
     chunk = ceil_div(p.K, split);
@@ -381,7 +408,7 @@ void run_reduce(const R& r, const ReducePlan& p) {
     int by = kReduceThreads / bx;
     int64_t bblocks = ceil_div(p.B, bx);
     int64_t base = p.A * bblocks;
-    int64_t target_blocks = int64_t{sms} * 8;
+    int64_t target_blocks = int64_t{sms} * resident_blocks<reduce_middle_kernel<R, S>>();
     if (base < target_blocks && p.K > kSplitMinK)
       split = std::max<int64_t>(1, std::min({ceil_div(target_blocks, base), ceil_div(p.K, int64_t{by} * 16), int64_t{65535}}));
     chunk = ceil_div(p.K, split);
