@@ -322,6 +322,44 @@ TEST(CudaGraph, LastBlockLaunchesNeedNoCounterMemsets) {
   }
 }
 
+// A destroyed stream gives back its 32 MB cuBLAS workspace (and its done counters); a graph
+// captured on the stream keeps the workspace it replays with until the graph goes.
+TEST(CudaGraph, DestroyedStreamsGiveBackTheirWorkspaces) {
+  TG_SKIP_WITHOUT_CUDA();
+  manual_seed(5);
+  const TensorOptions o = TensorOptions().device(Device(kCUDA, 0));
+  auto a = randn({64, 64}, o), b = randn({64, 64}, o);
+  auto target = randn({64, 64}, o);
+  const std::vector<float> expect = host(matmul(a, b));
+  cuda::synchronize();
+  const size_t base = cuda::memory_allocated();
+  {
+    std::vector<cuda::Stream> streams(4);  // alive together: four distinct handles
+    for (cuda::Stream& s : streams) {
+      cuda::StreamGuard g(s);
+      EXPECT_TRUE(bitwise_equal(host(matmul(a, b)), expect));
+      (void)nn::functional::mse_loss(a, target).item<float>();  // done counters
+    }
+    EXPECT_GE(cuda::memory_allocated(), base + 4 * (size_t{32} << 20));
+  }
+  EXPECT_EQ(cuda::memory_allocated(), base);
+
+  auto out = zeros({64, 64}, o);
+  cuda::Graph graph;
+  {
+    cuda::Stream s;
+    cuda::StreamGuard g(s);
+    graph.capture([&] { out.copy_(matmul(a, b)); });
+  }  // the capture stream is gone; the graph still holds its workspace
+  EXPECT_GE(cuda::memory_allocated(), base + (size_t{32} << 20));
+  graph.replay();
+  EXPECT_TRUE(bitwise_equal(host(out), expect));
+  graph.reset();
+  out = Tensor();
+  cuda::synchronize();
+  EXPECT_EQ(cuda::memory_allocated(), base);
+}
+
 TEST(CudaGraph, WithoutCudaCaptureThrows) {
   if (cuda::is_available()) GTEST_SKIP() << "checks the no-GPU path";
   cuda::Graph graph;

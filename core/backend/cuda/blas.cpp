@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/backend/cuda/done_counters.h"
 #include "core/backend/cuda/runtime.h"
 #include "core/cuda.h"
 #include "core/ops.h"
@@ -57,7 +58,7 @@ int resolve(int device) {
 // ---- workspaces: one per (device, stream), so concurrent streams never share one.
 struct Workspaces {
   std::mutex mu;
-  std::map<std::pair<int, cudaStream_t>, DataPtr> by_stream;
+  std::map<std::pair<int, cudaStream_t>, std::shared_ptr<DataPtr>> by_stream;
 };
 Workspaces& workspaces() {
   static Workspaces* w = std::make_unique<Workspaces>().release();
@@ -275,9 +276,39 @@ void* cublas_workspace(int device, size_t* nbytes) {
   std::lock_guard<std::mutex> lock(w.mu);
   auto it = w.by_stream.find({device, stream});
   if (it == w.by_stream.end())
-    it = w.by_stream.emplace(std::make_pair(device, stream), device_allocate(kWorkspaceBytes, device)).first;
+    it = w.by_stream
+             .emplace(std::make_pair(device, stream),
+                      std::make_shared<DataPtr>(device_allocate(kWorkspaceBytes, device)))
+             .first;
   if (nbytes) *nbytes = kWorkspaceBytes;
-  return it->second.get();
+  return it->second->get();
+}
+
+std::shared_ptr<void> cublas_workspace_ref(int device, cudaStream_t stream) {
+  Workspaces& w = workspaces();
+  std::lock_guard<std::mutex> lock(w.mu);
+  auto it = w.by_stream.find({device, stream});
+  return it == w.by_stream.end() ? nullptr : std::shared_ptr<void>(it->second);
+}
+
+namespace {
+void release_cublas_workspace(int device, cudaStream_t stream) noexcept {
+  std::shared_ptr<DataPtr> ws;
+  {
+    Workspaces& w = workspaces();
+    std::lock_guard<std::mutex> lock(w.mu);
+    auto it = w.by_stream.find({device, stream});
+    if (it == w.by_stream.end()) return;
+    ws = std::move(it->second);
+    w.by_stream.erase(it);
+  }
+  // Freed here (outside the lock) unless a captured graph still holds it.
+}
+}  // namespace
+
+void release_stream_resources(int device, cudaStream_t stream) noexcept {
+  release_cublas_workspace(device, stream);
+  release_done_counters(device, stream);
 }
 
 void gemm(const backend::GemmArgs& g) {

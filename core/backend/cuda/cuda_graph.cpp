@@ -61,6 +61,7 @@ struct GraphState {
   std::thread::id thread;              // the capturing thread
   unsigned long long capture_id = 0;   // the capture's id while capturing (its counter arena's key)
   DataPtr counter_arena;               // zeroed before the capture; captured launches take slices
+  std::shared_ptr<void> workspace;     // the capture stream's cuBLAS workspace, which replays use
 
   // Routes allocations back to the general cache and restores the current stream. Never throws.
   void leave_capture() noexcept {
@@ -107,6 +108,7 @@ struct GraphState {
     }
     if (pool) detail::graph_pool_release(device, std::exchange(pool, 0));
     counter_arena.reset();
+    workspace.reset();
   }
 
   // drop() for failure paths and destructors: logs instead of throwing.
@@ -119,6 +121,7 @@ struct GraphState {
       graph = nullptr;
       pool = 0;
       (void)std::make_unique<DataPtr>(std::move(counter_arena)).release();  // a replay may still use it
+      (void)std::make_unique<std::shared_ptr<void>>(std::move(workspace)).release();
     }
   }
 };
@@ -249,6 +252,7 @@ void Graph::capture_end() {
              cudaGetErrorString(inst), " (", cudaGetErrorName(inst), ")");
   }
   m.exec = exec;
+  m.workspace = detail::cublas_workspace_ref(device, m.stream);
   // Uploading now keeps that one-time cost out of the first replay.
   detail::DeviceGuard g(device);
   TG_CUDA_CHECK(cudaGraphUpload(exec, m.stream));

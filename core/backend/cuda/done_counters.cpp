@@ -79,4 +79,14 @@ unsigned* done_counters(int device, cudaStream_t stream, int n, DataPtr& own) {
   return static_cast<unsigned*>(it->second.get());
 }
 
+void release_done_counters(int device, cudaStream_t stream) noexcept {
+  DataPtr p;
+  Counters& c = counters();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto it = c.by_stream.find({device, stream});
+  if (it == c.by_stream.end()) return;
+  p = std::move(it->second);
+  c.by_stream.erase(it);
+}
+
 }  // namespace tg::cuda::detail

@@ -19,6 +19,10 @@ inline constexpr int kMaxDoneCounters = 64;  // per launch
 // Keep `own` until the launch is queued.
 unsigned* done_counters(int device, cudaStream_t stream, int n, DataPtr& own);
 
+// Drops the eager counters of (device, stream) (the stream is being destroyed; its work ended).
+// Captures never use them, so no graph needs them afterwards.
+void release_done_counters(int device, cudaStream_t stream) noexcept;
+
 // Counters in a capture's arena: 64 KiB, room for 256 launches of 64 counters.
 inline constexpr int kCaptureArenaCounters = 16384;
 

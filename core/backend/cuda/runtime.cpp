@@ -168,6 +168,9 @@ Stream::~Stream() {
     // stream handle, and a later stream may be given this same handle.
     detail::flush_launches_nothrow();
     cudaError_t err = cudaStreamSynchronize(static_cast<cudaStream_t>(handle_));
+    // Its cuBLAS workspace and counters go back to the cache (a graph captured on this stream
+    // keeps its own reference to the workspace).
+    if (err == cudaSuccess) detail::release_stream_resources(device_, static_cast<cudaStream_t>(handle_));
     if (err == cudaSuccess) err = cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
     if (err != cudaSuccess) {
       (void)cudaGetLastError();

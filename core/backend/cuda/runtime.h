@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "core/error.h"
@@ -98,5 +99,11 @@ void copy_d2d(void* dst, int dst_device, const void* src, int src_device, size_t
 cublasHandle_t cublas_handle(int device);       // bound to the current stream
 cublasLtHandle_t cublaslt_handle(int device);
 void* cublas_workspace(int device, size_t* nbytes);  // per device/stream workspace
+// A reference that keeps the cuBLAS workspace of (device, stream) alive (null when it has none):
+// a graph captured on the stream holds one, since its replays use that memory.
+std::shared_ptr<void> cublas_workspace_ref(int device, cudaStream_t stream);
+// Drops what tapegrad keeps per stream (the cuBLAS workspace, the done counters of
+// done_counters.h) when the stream is destroyed, after its work finished. Never throws.
+void release_stream_resources(int device, cudaStream_t stream) noexcept;
 
 }  // namespace tg::cuda::detail
