@@ -102,6 +102,11 @@ void bench_to_host(const Options& o) {
     double ms = wall_ms(o, [&](int) { h = x.cpu(); });
     emit("cpu_8000x8000", ms, "ms", ms, bytes);
   }
+  if (o.wants("pageable_reused_8000")) {  // into host memory touched before (staged, chunked)
+    std::vector<float> buf(static_cast<size_t>(n * n), 0.f);
+    double ms = wall_ms(o, [&](int) { x.copy_to_host(buf.data()); });
+    emit("pageable_reused_8000x8000", n * n * 4 / (ms * 1e-3) / 1e9, "GB/s", ms, bytes);
+  }
   if (o.wants("to_vector_8000")) {
     std::vector<float> v;
     double ms = wall_ms(o, [&](int) { v = x.to_vector<float>(); });

@@ -30,6 +30,8 @@ WORKLOADS = [
     ("standardize_1Mx64", "standardize 1Mx64", "lower", ("ratio", "<=", 0.5, " (2x faster)")),
     ("cpu_8000x8000", "cpu() 8000^2 fp32", "lower", ("ratio", "<=", 0.2, " (5x faster)")),
     ("to_vector_8000x8000", "to_vector 8000^2", "lower", None),  # vs torch .cpu(); for information
+    # Into pageable host memory touched before (no page faults): copy_to_host vs torch's h.copy_(x).
+    ("pageable_reused_8000x8000", "D2H 8000^2 into reused pageable", "higher", None),
     ("dependent_adds_16", "1000 dep. adds x16", "lower", ("abs", "<=", 4.0)),
     ("cpu_matmul_1024", "CPU matmul 1024 (vs Eigen)", "higher", ("ratio", ">=", 0.9)),
     # Autograd (#3) and training (#4), from tg_bench_overhead.
@@ -137,6 +139,12 @@ def torch_timings(warmup, reps, only):
         out["cpu_8000x8000"] = (ms, "ms")
         out["to_vector_8000x8000"] = (ms, "ms")
         del x
+    if wants("pageable_reused_8000"):
+        x = torch.rand(8000, 8000, device="cuda")
+        h = torch.zeros(8000, 8000)  # pageable, touched
+        ms = wall_ms(lambda: h.copy_(x))
+        out["pageable_reused_8000x8000"] = (8000 * 8000 * 4 / (ms * 1e-3) / 1e9, "GB/s")
+        del x, h
     if wants("dependent_adds"):
         x = torch.rand(16, device="cuda")
 
