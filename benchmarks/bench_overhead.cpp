@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   launch_report(buf.data_ptr<float>(), 16, kOps);
   runtime_call_report(buf.data_ptr<float>(), 16, kOps);
   batch_report(buf.data_ptr<float>(), 16, 2048);
-  if (std::getenv("TG_BATCH_ONLY")) return 0;
+  if (std::getenv("TG_BATCH_ONLY")) return 0;  // only the raw launch and batching baselines above
   {  // the same front-end on CPU tensors: tapegrad's host cost on this machine without CUDA
     auto xc = tg::rand({16});
     emit("overhead_add_chain_cpu", per_op_us(o, kOps, [&] {

@@ -146,6 +146,20 @@ void launch_report(float* p, int n, int count) {
 void batch_report(float* p, int n, int count) {
   cudaStream_t s;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  // Sends `count` launches as batches of k through `send_batch` (3 repeats, the last kept):
+  // host µs/op until the last batch is sent (enq) and until the stream has finished (tot).
+  auto time_batches = [&](int k, auto&& send_batch, double& enq, double& tot) {
+    for (int rep = 0; rep < 3; ++rep) {
+      cudaDeviceSynchronize();
+      double t0 = now_us();
+      for (int done = 0; done < count; done += k) send_batch();
+      double t1 = now_us();
+      cudaStreamSynchronize(s);
+      double t2 = now_us();
+      enq = (t1 - t0) / count;
+      tot = (t2 - t0) / count;
+    }
+  };
   for (int k : {16, 32, 64, 128}) {
     for (int alternate = 0; alternate < 2; ++alternate) {
       cudaGraph_t g;
@@ -165,22 +179,13 @@ void batch_report(float* p, int n, int count) {
       cudaGraphInstantiate(&e, g, 0);
       double ti1 = now_us();
       double enq = 0, tot = 0;
-      for (int rep = 0; rep < 3; ++rep) {
-        cudaDeviceSynchronize();
-        double t0 = now_us();
-        for (int done = 0; done < count; done += k) {
-          for (int i = 0; i < k; ++i) {
-            kp.func = reinterpret_cast<void*>(alternate && (i & 1) ? add_two : add_one);
-            cudaGraphExecKernelNodeSetParams(e, nodes[i], &kp);
-          }
-          cudaGraphLaunch(e, s);
+      time_batches(k, [&] {
+        for (int i = 0; i < k; ++i) {
+          kp.func = reinterpret_cast<void*>(alternate && (i & 1) ? add_two : add_one);
+          cudaGraphExecKernelNodeSetParams(e, nodes[i], &kp);
         }
-        double t1 = now_us();
-        cudaStreamSynchronize(s);
-        double t2 = now_us();
-        enq = (t1 - t0) / count;
-        tot = (t2 - t0) / count;
-      }
+        cudaGraphLaunch(e, s);
+      }, enq, tot);
       std::printf("{\"workload\": \"batched_setparams_k%d%s\", \"value\": %.3f, \"unit\": \"us/op\", \"enqueue_us\": %.3f, "
                   "\"instantiate_us\": %.1f, \"err\": \"%s\"}\n",
                   k, alternate ? "_alt" : "", tot, enq, ti1 - ti0, cudaGetErrorString(cudaGetLastError()));
@@ -200,29 +205,20 @@ void batch_report(float* p, int n, int count) {
     cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);
     cudaGraphExec_t e = nullptr;
     double enq = 0, tot = 0;
-    for (int rep = 0; rep < 3; ++rep) {
-      cudaDeviceSynchronize();
-      double t0 = now_us();
-      for (int done = 0; done < count; done += k) {
-        cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal);
-        for (int i = 0; i < k; ++i) add_one<<<1, 32, 0, cs>>>(p, n);
-        cudaGraph_t g;
-        cudaStreamEndCapture(cs, &g);
-        if (!e) {
-          cudaGraphInstantiate(&e, g, 0);
-        } else {
-          cudaGraphExecUpdateResultInfo info;
-          if (cudaGraphExecUpdate(e, g, &info) != cudaSuccess) std::printf("update failed\n");
-        }
-        cudaGraphDestroy(g);
-        cudaGraphLaunch(e, s);
+    time_batches(k, [&] {
+      cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal);
+      for (int i = 0; i < k; ++i) add_one<<<1, 32, 0, cs>>>(p, n);
+      cudaGraph_t g;
+      cudaStreamEndCapture(cs, &g);
+      if (!e) {
+        cudaGraphInstantiate(&e, g, 0);
+      } else {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(e, g, &info) != cudaSuccess) std::printf("update failed\n");
       }
-      double t1 = now_us();
-      cudaStreamSynchronize(s);
-      double t2 = now_us();
-      enq = (t1 - t0) / count;
-      tot = (t2 - t0) / count;
-    }
+      cudaGraphDestroy(g);
+      cudaGraphLaunch(e, s);
+    }, enq, tot);
     std::printf("{\"workload\": \"batched_capture_update_k%d\", \"value\": %.3f, \"unit\": \"us/op\", \"enqueue_us\": %.3f, \"err\": \"%s\"}\n",
                 k, tot, enq, cudaGetErrorString(cudaGetLastError()));
     cudaGraphExecDestroy(e);
