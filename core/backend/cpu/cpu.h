@@ -19,6 +19,11 @@ size_t cached_bytes();     // free blocks held in the cache
 size_t allocated_bytes();  // blocks currently handed out
 // Cap on cached bytes (default 1 GiB, or TG_CPU_CACHE_MB); blocks freed beyond it go back to the system.
 void set_cache_limit(size_t bytes);
+// Cap on bytes in use (0, the default, or TG_CPU_MEMORY_LIMIT_MB: none): a request that would
+// pass it is a tg::Error naming the bytes requested and held, as a full device would give.
+// For tests that provoke out-of-memory on the host.
+void set_memory_limit(size_t bytes);
+size_t memory_limit();
 
 // Kernels (trust their inputs: the front-ends validated them).
 void elementwise(backend::ElemOp op, const backend::ElementwiseIter& it);

@@ -37,10 +37,31 @@ size_t initial_limit() {
   return kDefaultCacheLimit;
 }
 
+// The settable cap on bytes in use (set_memory_limit, TG_CPU_MEMORY_LIMIT_MB; 0 = none), so that
+// tests can provoke an out-of-memory on the host as a full GPU would. Checked before each
+// allocation, not reserved atomically: concurrent requests may overshoot it by one block each.
+size_t initial_memory_limit() {
+  if (const char* env = std::getenv("TG_CPU_MEMORY_LIMIT_MB")) {
+    char* end = nullptr;
+    unsigned long long mb = std::strtoull(env, &end, 10);
+    if (end != env) return static_cast<size_t>(mb) << 20;
+  }
+  return 0;
+}
+std::atomic<size_t> g_memory_limit{initial_memory_limit()};
+
+void check_memory_limit(size_t nbytes, size_t size, size_t in_use, size_t cached) {
+  const size_t limit = g_memory_limit.load(std::memory_order_relaxed);
+  TG_CHECK(limit == 0 || (in_use <= limit && size <= limit - in_use), "cpu allocator: out of memory: requested ",
+           nbytes, " bytes (", size, " rounded) with ", in_use, " bytes held (", cached, " more cached) and a limit of ",
+           limit, " bytes (tg::cpu::set_memory_limit / TG_CPU_MEMORY_LIMIT_MB)");
+}
+
 class HostAllocator final : public Allocator {
  public:
   DataPtr allocate(size_t nbytes) override {
     size_t size = round_size(nbytes);
+    if (g_memory_limit.load(std::memory_order_relaxed) != 0) check_memory_limit(nbytes, size, allocated_.load(), cached());
     void* base = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -137,5 +158,7 @@ void release_cached() { HostAllocator::instance().release_cached(); }
 size_t cached_bytes() { return HostAllocator::instance().cached(); }
 size_t allocated_bytes() { return HostAllocator::instance().allocated(); }
 void set_cache_limit(size_t bytes) { HostAllocator::instance().set_limit(bytes); }
+void set_memory_limit(size_t bytes) { g_memory_limit.store(bytes); }
+size_t memory_limit() { return g_memory_limit.load(); }
 
 }  // namespace tg::cpu
