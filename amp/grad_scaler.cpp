@@ -293,11 +293,25 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
     TG_CHECK(it != state.end(), "GradScaler.load_state_dict: missing key '", key, "'");
     return it->second;
   };
-  options_.init_scale = get("scale");
-  options_.growth_factor = get("growth_factor");
-  options_.backoff_factor = get("backoff_factor");
-  options_.growth_interval = static_cast<int64_t>(get("growth_interval"));
-  const double tracker = get("_growth_tracker");
+  // Everything is checked before anything changes: the values come from a file, and a double
+  // outside an integer's range is undefined behaviour to convert.
+  const double scale = get("scale"), growth = get("growth_factor"), backoff = get("backoff_factor");
+  const double interval = get("growth_interval"), tracker = get("_growth_tracker");
+  TG_CHECK(scale > 0 && std::isfinite(scale), "GradScaler.load_state_dict: 'scale' must be positive and finite, got ",
+           scale);
+  TG_CHECK(growth > 1.0 && std::isfinite(growth), "GradScaler.load_state_dict: 'growth_factor' must be finite and > 1, got ",
+           growth);
+  TG_CHECK(backoff > 0 && backoff < 1.0, "GradScaler.load_state_dict: 'backoff_factor' must be in (0, 1), got ", backoff);
+  // The tracker is an int32 on the device and counts up to the interval.
+  constexpr double kInt32Max = 2147483647.0;
+  TG_CHECK(interval >= 1 && interval <= kInt32Max && interval == std::trunc(interval),
+           "GradScaler.load_state_dict: 'growth_interval' must be an integer in [1, 2^31 - 1], got ", interval);
+  TG_CHECK(tracker >= 0 && tracker <= kInt32Max && tracker == std::trunc(tracker),
+           "GradScaler.load_state_dict: '_growth_tracker' must be an integer in [0, 2^31 - 1], got ", tracker);
+  options_.init_scale = scale;
+  options_.growth_factor = growth;
+  options_.backoff_factor = backoff;
+  options_.growth_interval = static_cast<int64_t>(interval);
   if (scale_.defined()) scale_.fill_(options_.init_scale);
   init_growth_tracker_ = static_cast<int64_t>(tracker);
   if (growth_tracker_.defined()) growth_tracker_.fill_(init_growth_tracker_);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -347,6 +348,28 @@ TEST(GradScaler, StateDictRoundTrip) {
     fresh.update();
     EXPECT_EQ(fresh.get_growth_tracker(), 4) << dev;
     EXPECT_THROW(fresh.load_state_dict({}), Error);
+  }
+}
+
+// Found by tests/fuzz/fuzz_grad_scaler_state_dict: values a file can carry that no scaler
+// saves (a growth_interval of 3e160 was converted to int64: undefined behaviour) are a
+// tg::Error, and a refused state changes nothing.
+TEST(GradScaler, LoadStateDictRejectsValuesOutOfRange) {
+  const std::map<std::string, double> good = amp::GradScaler().state_dict();
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<std::pair<std::string, double>> bad = {
+      {"growth_interval", 3.05565e+160}, {"growth_interval", -inf}, {"growth_interval", nan},
+      {"growth_interval", 0},            {"growth_interval", 2.5},  {"growth_interval", 4294967296.0},
+      {"_growth_tracker", 1e300},        {"_growth_tracker", -1},   {"_growth_tracker", nan},
+      {"scale", inf},                    {"scale", 0},              {"scale", nan},
+      {"growth_factor", 0.5},            {"growth_factor", inf},    {"backoff_factor", 1.5},
+      {"backoff_factor", nan}};
+  for (const auto& [key, value] : bad) {
+    amp::GradScaler scaler;
+    auto state = good;
+    state[key] = value;
+    EXPECT_THROW(scaler.load_state_dict(state), Error) << key << " = " << value;
+    EXPECT_EQ(scaler.state_dict(), good) << key << " = " << value;
   }
 }
 

@@ -27,6 +27,7 @@
 #include <unordered_map>
 
 #include "core/backend/cuda/runtime.h"
+#include "core/backend/rtc_host.h"
 #include "core/cuda.h"
 #include "core/cuda_rtc.h"
 #include "core/native.h"
@@ -137,6 +138,7 @@ struct CompiledKernel {
 namespace {
 
 using detail::CompiledKernel;
+using rtc_host::fnv1a;
 
 std::atomic<int64_t> g_compile_count{0};
 
@@ -150,15 +152,6 @@ std::unordered_map<std::string, std::shared_ptr<CompiledKernel>>& memory_cache()
 }
 
 // ---- small helpers
-
-uint64_t fnv1a(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ULL) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
 
 std::string hex64(uint64_t v) {
   static const char* const kDigits = "0123456789abcdef";
@@ -261,61 +254,22 @@ std::string cache_path(const std::string& dir, const std::string& key) {
          hex64(fnv1a(key.data(), key.size(), 0x84222325cbf29ce4ULL)) + ".bin";
 }
 
-// ---- disk cache
-
-constexpr char kMagic[8] = {'T', 'G', 'R', 'T', 'C', '0', '0', '1'};
-
-void put_u64(std::string& out, uint64_t v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); }
-void put_str(std::string& out, const std::string& s) {
-  put_u64(out, s.size());
-  out += s;
-}
-
-struct Reader {
-  const std::string& buf;
-  size_t pos = 0;
-  bool get_u64(uint64_t* v) {
-    if (buf.size() - pos < sizeof(*v)) return false;
-    std::memcpy(v, buf.data() + pos, sizeof(*v));
-    pos += sizeof(*v);
-    return true;
-  }
-  bool get_str(std::string* s) {
-    uint64_t n = 0;
-    if (!get_u64(&n) || buf.size() - pos < n) return false;
-    s->assign(buf.data() + pos, n);
-    pos += n;
-    return true;
-  }
-};
+// ---- disk cache (the format: core/backend/rtc_host.h)
 
 // The cached kernel for `key`, or nothing when the file is missing, foreign or damaged.
 std::shared_ptr<CompiledKernel> read_cache(const std::string& path, const std::string& key) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return nullptr;
-  std::string buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (buf.size() < sizeof(kMagic) + 8 || std::memcmp(buf.data(), kMagic, sizeof(kMagic)) != 0) return nullptr;
-  uint64_t stored_sum = 0;
-  std::memcpy(&stored_sum, buf.data() + buf.size() - 8, 8);
-  if (fnv1a(buf.data(), buf.size() - 8) != stored_sum) return nullptr;
-  std::string body = buf.substr(0, buf.size() - 8);
-  Reader r{body, sizeof(kMagic)};
+  std::optional<rtc_host::CacheEntry> e = rtc_host::read_cache_file(path, key);
+  if (!e) return nullptr;
   auto k = std::make_shared<CompiledKernel>();
-  uint64_t is_cubin = 0;
-  if (!r.get_str(&k->key) || k->key != key || !r.get_str(&k->lowered_name) || !r.get_u64(&is_cubin) ||
-      !r.get_str(&k->image) || r.pos != body.size() || k->image.empty())
-    return nullptr;
-  k->is_cubin = is_cubin != 0;
+  k->key = std::move(e->key);
+  k->lowered_name = std::move(e->lowered_name);
+  k->image = std::move(e->image);
+  k->is_cubin = e->is_cubin;
   return k;
 }
 
 void write_cache(const std::string& dir, const std::string& path, const CompiledKernel& k) {
-  std::string buf(kMagic, sizeof(kMagic));
-  put_str(buf, k.key);
-  put_str(buf, k.lowered_name);
-  put_u64(buf, k.is_cubin ? 1 : 0);
-  put_str(buf, k.image);
-  put_u64(buf, fnv1a(buf.data(), buf.size()));
+  const std::string buf = rtc_host::encode_cache_entry({k.key, k.lowered_name, k.image, k.is_cubin});
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   static std::atomic<uint64_t> counter{0};
@@ -545,66 +499,11 @@ void RawKernel::launch_args(Dim3 grid, Dim3 block, size_t shared_mem, const std:
 
 namespace {
 
+using rtc_host::Param;
+
 // The generated elementwise kernels' launch shape (the built-in loops use the same).
 constexpr int64_t kEwBlock = 128;
 constexpr int64_t kEwUnroll = 4;
-
-struct Param {
-  std::string type;   // as the generated source spells it
-  std::string name;
-  DType dtype;
-  bool raw = false;   // "raw T name": the whole array, indexed by the body
-};
-
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
-
-bool is_identifier(const std::string& s) {
-  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
-}
-
-std::vector<Param> parse_params(const std::string& list, const char* which, const std::string& kernel) {
-  std::vector<Param> out;
-  std::stringstream ss(list);
-  for (std::string item; std::getline(ss, item, ',');) {
-    item = trim(item);
-    TG_CHECK(!item.empty(), "ElementwiseKernel '", kernel, "': empty entry in ", which, " \"", list, "\"");
-    // Normalize spaces, then split off the last word as the name.
-    std::stringstream ws(item);
-    std::vector<std::string> words;
-    for (std::string w; ws >> w;) words.push_back(w);
-    TG_CHECK(words.size() >= 2, "ElementwiseKernel '", kernel, "': \"", item, "\" in ", which,
-             " needs a type and a name (e.g. \"double a\")");
-    const bool raw = words[0] == "raw";
-    if (raw) words.erase(words.begin());
-    TG_CHECK(words.size() >= 2, "ElementwiseKernel '", kernel, "': \"", item, "\" in ", which,
-             " needs a type and a name after raw (e.g. \"raw float x\")");
-    std::string name = words.back();
-    words.pop_back();
-    std::string type;
-    for (const auto& w : words) type += (type.empty() ? "" : " ") + w;
-    static const std::map<std::string, std::pair<std::string, DType>> kTypes = {
-        {"float", {"float", kFloat32}},         {"float32", {"float", kFloat32}},
-        {"double", {"double", kFloat64}},       {"float64", {"double", kFloat64}},
-        {"int", {"int", kInt32}},               {"int32", {"int", kInt32}},
-        {"int32_t", {"int", kInt32}},           {"long long", {"long long", kInt64}},
-        {"int64", {"long long", kInt64}},       {"int64_t", {"long long", kInt64}},
-        {"bool", {"bool", kBool}},              {"half", {"__half", kFloat16}},
-        {"__half", {"__half", kFloat16}},       {"float16", {"__half", kFloat16}},
-        {"bfloat16", {"__nv_bfloat16", kBFloat16}}, {"__nv_bfloat16", {"__nv_bfloat16", kBFloat16}},
-    };
-    auto it = kTypes.find(type);
-    TG_CHECK(it != kTypes.end(), "ElementwiseKernel '", kernel, "': unknown type \"", type, "\" in ", which,
-             " (float, double, int, long long / int64, bool, half, bfloat16)");
-    TG_CHECK(is_identifier(name) && name != "i" && name != "n" && name.rfind("_tg_", 0) != 0, "ElementwiseKernel '",
-             kernel, "': \"", name, "\" in ", which, " is not a usable parameter name (i and n are reserved)");
-    out.push_back(Param{it->second.first, name, it->second.second, raw});
-  }
-  return out;
-}
 
 // `scalar[k]`: input k is passed by value instead of as an array.
 std::string generate(const std::string& name, const std::vector<Param>& ins, const std::vector<Param>& outs,
@@ -708,18 +607,9 @@ struct ElementwiseKernel::State {
 ElementwiseKernel::ElementwiseKernel(std::string in_params, std::string out_params, std::string body, std::string name,
                                      std::vector<std::string> options)
     : name_(std::move(name)), state_(std::make_shared<State>()) {
-  TG_CHECK(is_identifier(name_), "ElementwiseKernel: the name \"", name_, "\" is not a C identifier");
-  state_->ins = parse_params(in_params, "in_params", name_);
-  state_->outs = parse_params(out_params, "out_params", name_);
-  TG_CHECK(!state_->ins.empty(), "ElementwiseKernel '", name_, "': needs at least one input");
-  TG_CHECK(!state_->outs.empty(), "ElementwiseKernel '", name_, "': needs at least one output");
-  std::vector<std::string> names;
-  for (const auto* list : {&state_->ins, &state_->outs})
-    for (const auto& p : *list) {
-      TG_CHECK(std::find(names.begin(), names.end(), p.name) == names.end(), "ElementwiseKernel '", name_,
-               "': parameter name \"", p.name, "\" appears twice");
-      names.push_back(p.name);
-    }
+  rtc_host::Signature sig = rtc_host::parse_signature(in_params, out_params, name_);
+  state_->ins = std::move(sig.ins);
+  state_->outs = std::move(sig.outs);
   state_->body = std::move(body);
   state_->source = generate(name_, state_->ins, state_->outs, state_->body, std::vector<bool>(state_->ins.size()));
   state_->options = std::move(options);
