@@ -20,12 +20,12 @@ void count_delete(Managed*) { ++g_deleted; }
 // something to allocate here.
 bool inside_buffer(const DLTensor& dl, const tg::Tensor& t) {
   if (t.numel() == 0) return true;
+  const size_t elem = tg::element_size(t.dtype());
   if (t.numel() > static_cast<int64_t>(kBufferBytes)) return false;
   // Not yet refused by from_dlpack: a byte_offset that misaligns the elements (float32 at
   // offset 3 is then read by misaligned loads, undefined behaviour that UBSan reports). Reported
   // on issue #19 for core/dlpack.cpp; until the import refuses it, such a tensor is not read.
   if (dl.byte_offset % elem != 0) return false;
-  const size_t elem = tg::element_size(t.dtype());
   __int128 lo = static_cast<__int128>(dl.byte_offset), hi = lo;
   for (int64_t d = 0; d < t.dim(); ++d) {
     const __int128 span = static_cast<__int128>(t.size(d) - 1) * t.stride(d) * static_cast<__int128>(elem);
