@@ -177,7 +177,14 @@ Tensor import_impl(Managed* m, const char* op) {
     if (s < 0) reject(m, op, detail::str_cat("negative size in shape ", sizes));
   Shape strides = dl.strides ? Shape(dl.strides, dl.strides + dl.ndim) : detail::contiguous_strides(sizes);
   if (dl.data == nullptr && sizes.numel() != 0) reject(m, op, detail::str_cat("null data for shape ", sizes));
-  void* data = dl.data ? static_cast<char*>(dl.data) + dl.byte_offset : nullptr;
+  // In integers: a pointer moved past its object is undefined behaviour, and byte_offset is the producer's word.
+  uintptr_t address = 0;
+  if (dl.data && __builtin_add_overflow(reinterpret_cast<uintptr_t>(dl.data), dl.byte_offset, &address))
+    reject(m, op, detail::str_cat("byte_offset ", dl.byte_offset, " overflows the data pointer"));
+  if (dl.data && address % element_size(dtype) != 0)
+    reject(m, op, detail::str_cat("data + byte_offset (", dl.byte_offset, ") is not aligned to the ",
+                                  element_size(dtype), "-byte ", dtype, " elements"));
+  void* data = dl.data ? reinterpret_cast<void*>(address) : nullptr;
 
   auto ctx = std::make_unique<ImportCtx<Managed>>();
   ctx->managed = m;

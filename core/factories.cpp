@@ -66,13 +66,10 @@ Tensor from_blob(void* data, Shape sizes, TensorOptions o) {
 }
 
 Tensor from_blob(void* data, Shape sizes, Shape strides, DataPtr::Deleter deleter, void* ctx, TensorOptions o) {
-  detail::check_sizes(sizes, "from_blob");
-  TG_CHECK(sizes.size() == strides.size(), "from_blob: sizes ", sizes, " and strides ", strides, " differ in length");
-  Device dev = native::resolve(o.device());
   DType dt = o.dtype();
-  int64_t span = sizes.numel() == 0 ? 0 : 1;
-  for (size_t i = 0; i < sizes.size() && span; ++i) span += (sizes[i] - 1) * strides[i];
-  auto storage = std::make_shared<Storage>(DataPtr(data, ctx, deleter, dev), static_cast<size_t>(span) * element_size(dt), dev);
+  const size_t nbytes = detail::storage_nbytes(sizes, strides, element_size(dt), "from_blob");
+  Device dev = native::resolve(o.device());
+  auto storage = std::make_shared<Storage>(DataPtr(data, ctx, deleter, dev), nbytes, dev);
   return finish(Tensor(std::make_shared<TensorImpl>(std::move(storage), sizes, strides, 0, dt)), o);
 }
 

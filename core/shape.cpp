@@ -2,6 +2,7 @@
 #include "core/shape.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <sstream>
 
 #include "core/error.h"
@@ -30,11 +31,13 @@ int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
 }
 
 Shape contiguous_strides(const Shape& sizes) {
+  // A zero-element tensor may have dims whose product overflows ([0, 2^62, 4]); its strides
+  // address nothing, so they saturate at INT64_MAX instead of wrapping (undefined behaviour).
   Shape st(sizes.size());
   int64_t s = 1;
   for (size_t i = sizes.size(); i-- > 0;) {
     st[i] = s;
-    s *= std::max<int64_t>(sizes[i], 1);
+    if (__builtin_mul_overflow(s, std::max<int64_t>(sizes[i], 1), &s)) s = INT64_MAX;
   }
   return st;
 }
@@ -69,12 +72,45 @@ std::vector<int64_t> reduce_dims(const DimList& dims, int64_t ndim, const char* 
 }
 
 void check_sizes(const Shape& sizes, const char* op) {
-  int64_t n = 1;
+  bool zero = false;
   for (int64_t s : sizes) {
     TG_CHECK(s >= 0, op, ": negative dimension ", s, " in shape ", sizes);
-    TG_CHECK(s == 0 || n <= INT64_MAX / s, op, ": shape ", sizes, " has too many elements");
+    zero = zero || s == 0;
+  }
+  if (zero) return;  // no elements, whatever the other dims (as PyTorch)
+  int64_t n = 1;
+  for (int64_t s : sizes) {
+    TG_CHECK(n <= INT64_MAX / s, op, ": shape ", sizes, " has too many elements");
     n *= s;
   }
+}
+
+size_t storage_nbytes(const Shape& sizes, size_t element_size, const char* op) {
+  check_sizes(sizes, op);
+  uint64_t bytes = 0;
+  TG_CHECK(!__builtin_mul_overflow(static_cast<uint64_t>(sizes.numel()), element_size, &bytes) &&
+               bytes <= kMaxStorageBytes,
+           op, ": shape ", sizes, " of ", element_size, "-byte elements needs more than 2^62 bytes");
+  return static_cast<size_t>(bytes);
+}
+
+size_t storage_nbytes(const Shape& sizes, const Shape& strides, size_t element_size, const char* op) {
+  check_sizes(sizes, op);
+  TG_CHECK(sizes.size() == strides.size(), op, ": sizes ", sizes, " and strides ", strides, " differ in length");
+  if (sizes.numel() == 0) return 0;
+  uint64_t span = 1;  // elements from the first to one past the last, at most 2^62 each step
+  bool ok = true;
+  for (size_t i = 0; i < sizes.size() && ok; ++i) {
+    TG_CHECK(strides[i] >= 0, op, ": negative stride ", strides[i], " in strides ", strides, " (sizes ", sizes, ")");
+    uint64_t step = 0;
+    ok = !__builtin_mul_overflow(static_cast<uint64_t>(sizes[i] - 1), static_cast<uint64_t>(strides[i]), &step) &&
+         !__builtin_add_overflow(span, step, &span) && span <= kMaxStorageBytes;
+  }
+  uint64_t bytes = 0;
+  ok = ok && !__builtin_mul_overflow(span, element_size, &bytes) && bytes <= kMaxStorageBytes;
+  TG_CHECK(ok, op, ": sizes ", sizes, " with strides ", strides, " of ", element_size,
+           "-byte elements span more than 2^62 bytes");
+  return static_cast<size_t>(bytes);
 }
 
 }  // namespace detail

@@ -18,10 +18,17 @@ class Shape : public std::vector<int64_t> {
   Shape(std::initializer_list<int64_t> l) : std::vector<int64_t>(l) {}
   Shape(const std::vector<int64_t>& v) : std::vector<int64_t>(v) {}  // NOLINT
   Shape(std::vector<int64_t>&& v) : std::vector<int64_t>(std::move(v)) {}  // NOLINT
+  // The element count. Unsigned arithmetic so that a shape nobody validated (a zero-element
+  // [2^62, 4, 0], or an overflowing one that detail::check_sizes will refuse) is no undefined
+  // behaviour; any zero dim gives 0.
   int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t s : *this) n *= s;
-    return n;
+    uint64_t n = 1;
+    bool zero = false;
+    for (int64_t s : *this) {
+      n *= static_cast<uint64_t>(s);
+      zero = zero || s == 0;
+    }
+    return zero ? 0 : static_cast<int64_t>(n);
   }
   std::string str() const;
 };
@@ -48,7 +55,7 @@ class DimList {
 class Scalar {
  public:
   Scalar() = default;
-  Scalar(double v) : d_(v), i_(static_cast<int64_t>(v)), integral_(false) {}  // NOLINT
+  Scalar(double v) : d_(v), i_(saturate_to_int64(v)), integral_(false) {}  // NOLINT
   Scalar(float v) : Scalar(static_cast<double>(v)) {}                          // NOLINT
   Scalar(int v) : d_(v), i_(v), integral_(true) {}                             // NOLINT
   Scalar(long v) : d_(static_cast<double>(v)), i_(v), integral_(true) {}       // NOLINT
@@ -60,6 +67,14 @@ class Scalar {
   int64_t to_int() const { return i_; }
   bool is_integral() const { return integral_; }
   bool is_bool() const { return boolean_; }
+  // double -> int64 without undefined behaviour (a file may carry any double): truncates toward
+  // zero, saturates at INT64_MIN / INT64_MAX (±inf too), and NaN gives 0.
+  static constexpr int64_t saturate_to_int64(double v) {
+    if (!(v == v)) return 0;
+    if (v >= 9223372036854775808.0) return INT64_MAX;
+    if (v < -9223372036854775808.0) return INT64_MIN;
+    return static_cast<int64_t>(v);
+  }
 
  private:
   double d_ = 0;
@@ -79,6 +94,16 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 std::vector<int64_t> reduce_dims(const DimList& dims, int64_t ndim, const char* op);
 // Checks sizes are non-negative and the element count fits in int64.
 void check_sizes(const Shape& sizes, const char* op);
+// The largest storage tapegrad allocates, in bytes (2^62): every byte count derived from a shape
+// is checked against it before an allocator sees it, so no product can wrap.
+inline constexpr uint64_t kMaxStorageBytes = uint64_t{1} << 62;
+// Bytes of a contiguous tensor of `sizes` with `element_size`-byte elements. Checks the sizes
+// (check_sizes) and throws naming `op` and the shape when the byte count passes kMaxStorageBytes.
+size_t storage_nbytes(const Shape& sizes, size_t element_size, const char* op);
+// Bytes a strided layout reaches from its first element (0 for an empty one): 1 + sum of
+// (size - 1) * stride elements. Throws naming `op` on a negative stride or a byte count past
+// kMaxStorageBytes.
+size_t storage_nbytes(const Shape& sizes, const Shape& strides, size_t element_size, const char* op);
 }  // namespace detail
 
 }  // namespace tg

@@ -146,7 +146,9 @@ const Tensor& Tensor::sub_(const Tensor& o, Scalar alpha) const {
 }
 const Tensor& Tensor::sub_(Scalar o) const {
   autograd::check_inplace(*this, "sub_");
-  Scalar neg = o.is_integral() ? Scalar(static_cast<long long>(-o.to_int())) : Scalar(-o.to_double());
+  // Integral negation wraps (-INT64_MIN is INT64_MIN), as the integer kernels do.
+  Scalar neg = o.is_integral() ? Scalar(static_cast<long long>(0ULL - static_cast<uint64_t>(o.to_int())))
+                               : Scalar(-o.to_double());
   native::scalar_op_out(ElemOp::AddScalar, *this, *this, neg);
   return finish_inplace(*this);
 }

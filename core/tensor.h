@@ -117,7 +117,7 @@ class Tensor {
   T item() const {
     Scalar s = item();
     if constexpr (std::is_same_v<T, bool>) return s.to_double() != 0;
-    else if constexpr (std::is_integral_v<T>) return static_cast<T>(s.is_integral() ? s.to_int() : static_cast<int64_t>(s.to_double()));
+    else if constexpr (std::is_integral_v<T>) return static_cast<T>(s.to_int());  // saturated for doubles
     else return static_cast<T>(s.to_double());
   }
   // Host copy of the elements in row-major order; T must match dtype().

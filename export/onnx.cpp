@@ -243,17 +243,17 @@ void lower(OnnxGraph& g, const Program& p, const Node& n, const std::vector<std:
     auto axes = reduce_axes(n, static_cast<int64_t>(x.shape.size()));
     if (axes.empty())
       for (int64_t d = 0; d < static_cast<int64_t>(x.shape.size()); ++d) axes.push_back(d);
-    int64_t count = 1;
+    double count = 1;  // in double: a zero-element input may have dims whose product overflows int64
     for (int64_t d : axes) {
       if (x.shape[d] == exporting::kBatch && d == 0) unsupported("var/std over the dynamic batch dim");
-      count *= x.shape[d];
+      count *= static_cast<double>(x.shape[d]);
     }
     const bool keep = exporting::attr_bool(n, "keepdim");
     std::string xi = in_as(0, odt);
     std::string m = g.node("ReduceMean", {xi}, "", {attr_ints("axes", axes), attr_int("keepdims", 1)});
     std::string d = g.node("Sub", {xi, m});
     std::string s = g.node("ReduceSum", {g.node("Mul", {d, d}), g.ints(axes)}, "", {attr_int("keepdims", keep)});
-    const double denom = static_cast<double>(count - exporting::attr_int(n, "correction"));
+    const double denom = count - static_cast<double>(exporting::attr_int(n, "correction"));
     if (!is_std) {
       g.node("Div", {s, g.scalar(denom, odt)}, out);
     } else {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -217,7 +218,7 @@ void save(const nn::StateDict& tensors, const std::string& path, const Safetenso
   for (const auto& [name, t] : tensors) {
     TG_CHECK(!name.empty() && name != "__metadata__", "tg::save('", path, "'): invalid tensor name '", name, "'");
     TG_CHECK(t.defined(), "tg::save('", path, "'): tensor '", name, "' is undefined");
-    const uint64_t nbytes = t.nbytes();
+    const uint64_t nbytes = tg::detail::storage_nbytes(t.sizes(), t.element_size(), "tg::save");
     header[name] = {{"dtype", st_name(t.dtype())},
                     {"shape", std::vector<int64_t>(t.sizes().begin(), t.sizes().end())},
                     {"data_offsets", {offset, offset + nbytes}}};
@@ -228,7 +229,10 @@ void save(const nn::StateDict& tensors, const std::string& path, const Safetenso
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
 
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  // One temp file per call (pid and a process-wide counter): two threads saving to one path must
+  // not write into the same temp file, which would rename a mix of both into place.
+  static std::atomic<uint64_t> save_count{0};
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(save_count.fetch_add(1));
   File f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   TG_CHECK(f.get() >= 0, "tg::save('", path, "'): cannot create ", tmp, ": ", errno_str());
   try {

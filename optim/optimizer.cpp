@@ -133,7 +133,11 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
            op, ": loaded state dict has a different number of parameter groups than the optimizer (", ngroups, ")");
 
   // Saved index -> parameter, and the options, group by group (validated before anything changes).
-  std::vector<Tensor> by_index;
+  // Saved indices run over all groups' parameters, so the optimizer's own parameter count bounds
+  // them: nothing is sized from the file.
+  size_t nparams = 0;
+  for (size_t g = 0; g < ngroups; ++g) nparams += params(g).size();
+  std::vector<Tensor> by_index(nparams);
   std::set<std::string> known;
   for (size_t g = 0; g < ngroups; ++g) {
     const std::string prefix = "param_groups." + std::to_string(g) + ".";
@@ -147,9 +151,8 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
              " parameters but the optimizer's group has ", ps.size());
     std::vector<int64_t> ids = idx.to_vector<int64_t>();
     for (size_t i = 0; i < ids.size(); ++i) {
-      TG_CHECK(ids[i] >= 0 && ids[i] < (int64_t{1} << 40), op, ": bad parameter index ", ids[i], " in '", prefix,
-               "params'");
-      if (static_cast<size_t>(ids[i]) >= by_index.size()) by_index.resize(static_cast<size_t>(ids[i]) + 1);
+      TG_CHECK(ids[i] >= 0 && static_cast<uint64_t>(ids[i]) < nparams, op, ": bad parameter index ", ids[i],
+               " in '", prefix, "params' (the optimizer has ", nparams, " parameters)");
       TG_CHECK(!by_index[ids[i]].defined(), op, ": parameter index ", ids[i], " appears twice");
       by_index[ids[i]] = ps[i];
     }
@@ -189,7 +192,15 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
     }
     fresh[p.impl_ptr().get()][field] = value.detach();
   }
-  for (size_t g = 0; g < ngroups; ++g) load_group_options(g, "param_groups." + std::to_string(g) + ".", sd);
+  // Options are validated group by group as they load: a bad later group puts the earlier ones back.
+  OptimizerStateDict before;
+  for (size_t g = 0; g < ngroups; ++g) save_group_options(g, "param_groups." + std::to_string(g) + ".", before);
+  try {
+    for (size_t g = 0; g < ngroups; ++g) load_group_options(g, "param_groups." + std::to_string(g) + ".", sd);
+  } catch (...) {
+    for (size_t g = 0; g < ngroups; ++g) load_group_options(g, "param_groups." + std::to_string(g) + ".", before);
+    throw;
+  }
   state_ = std::move(fresh);
   // The fused caches compare pointers, so they notice the new state tensors by themselves.
 }

@@ -16,6 +16,7 @@ TensorImpl::TensorImpl(std::shared_ptr<Storage> st, Shape sz, Shape str, int64_t
 void TensorImpl::refresh() {
   numel = sizes.numel();
   contiguous = true;
+  if (numel == 0) return;  // also keeps the product below from overflowing on huge zero-element shapes
   int64_t expected = 1;
   for (size_t i = sizes.size(); i-- > 0;) {
     if (sizes[i] == 1) continue;
@@ -23,9 +24,8 @@ void TensorImpl::refresh() {
       contiguous = false;
       break;
     }
-    expected *= sizes[i];
+    expected *= sizes[i];  // at most numel, which fits int64
   }
-  if (numel == 0) contiguous = true;
 }
 
 namespace native {
@@ -41,27 +41,16 @@ Device resolve(Device d) {
 }
 
 Tensor empty(const Shape& sizes, DType dtype, Device device) {
-  detail::check_sizes(sizes, "empty");
+  const size_t nbytes = detail::storage_nbytes(sizes, element_size(dtype), "empty");
   device = resolve(device);
-  size_t nbytes = static_cast<size_t>(sizes.numel()) * element_size(dtype);
   auto storage = Storage::allocate(nbytes, device);
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), sizes, detail::contiguous_strides(sizes), 0, dtype));
 }
 
 Tensor empty_strided(const Shape& sizes, const Shape& strides, DType dtype, Device device) {
-  detail::check_sizes(sizes, "empty_strided");
-  TG_CHECK(sizes.size() == strides.size(), "empty_strided: sizes ", sizes, " and strides ", strides,
-           " differ in length");
+  const size_t nbytes = detail::storage_nbytes(sizes, strides, element_size(dtype), "empty_strided");
   device = resolve(device);
-  int64_t span = 1;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    if (sizes[i] == 0) {
-      span = 0;
-      break;
-    }
-    span += (sizes[i] - 1) * strides[i];
-  }
-  auto storage = Storage::allocate(static_cast<size_t>(span) * element_size(dtype), device);
+  auto storage = Storage::allocate(nbytes, device);
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), sizes, strides, 0, dtype));
 }
 

@@ -196,7 +196,7 @@ void set_scalar(ElementwiseIter& it, int i, DType compute, Scalar s) {
   if (is_floating(compute)) {
     it.dparams[i] = s.to_double();
   } else {
-    it.iparams[i] = s.is_integral() ? s.to_int() : static_cast<int64_t>(s.to_double());
+    it.iparams[i] = s.to_int();  // saturated from a double (Scalar)
     it.dparams[i] = s.to_double();
   }
 }
@@ -240,8 +240,8 @@ Tensor unary(ElemOp op, const Tensor& a, double p0, double p1) {
   ElementwiseIter it = make_iter(out, {&in}, name);
   it.dparams[0] = p0;
   it.dparams[1] = p1;
-  it.iparams[0] = static_cast<int64_t>(p0);
-  it.iparams[1] = static_cast<int64_t>(p1);
+  it.iparams[0] = Scalar::saturate_to_int64(p0);
+  it.iparams[1] = Scalar::saturate_to_int64(p1);
   run(op, it);
   return out;
 }
@@ -273,7 +273,7 @@ Tensor binary(ElemOp op, const Tensor& a, const Tensor& b, double p0, double p1)
   ElementwiseIter it = make_iter(out, {&x, &y}, name);
   set_scalar(it, 0, compute, Scalar(p0));
   set_scalar(it, 1, compute, Scalar(p1));
-  if (!is_floating(compute)) it.iparams[0] = static_cast<int64_t>(p0);
+  if (!is_floating(compute)) it.iparams[0] = Scalar::saturate_to_int64(p0);
   run(op, it);
   return out;
 }
@@ -358,7 +358,7 @@ void binary_out(ElemOp op, const Tensor& self, const Tensor& a, const Tensor& b,
       compute != kBool) {
     ElementwiseIter it = make_iter(self, {&a, &b}, name);
     set_scalar(it, 0, compute, Scalar(p0));
-    if (!is_floating(compute)) it.iparams[0] = static_cast<int64_t>(p0);
+    if (!is_floating(compute)) it.iparams[0] = Scalar::saturate_to_int64(p0);
     run(op, it);
     return;
   }
@@ -442,7 +442,7 @@ Tensor to(const Tensor& a, Device device, DType dtype, bool non_blocking) {
   if (device.is_cpu() && a.is_cuda()) {
     // Device -> host lands in pinned memory from the caching host allocator: the DMA runs at full
     // speed and repeated cpu() calls reuse already-faulted pages.
-    size_t nbytes = static_cast<size_t>(a.numel()) * element_size(dtype);
+    const size_t nbytes = detail::storage_nbytes(a.sizes(), element_size(dtype), "to");
     auto storage = std::make_shared<Storage>(cuda::detail::host_allocate(nbytes), nbytes, Device(kCPU));
     out = Tensor(std::make_shared<TensorImpl>(std::move(storage), a.sizes(), detail::contiguous_strides(a.sizes()),
                                               0, dtype));

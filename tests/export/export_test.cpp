@@ -3,6 +3,7 @@
 // loading of corrupt files, and the trace's refusal of in-place ops.
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "common.h"
 
@@ -262,4 +263,59 @@ TEST(Export, CudaRunMatchesModule) {
   auto nep = tg::export_module(net, {tg::randn({4, 4}, tg::kCUDA)});
   auto y = tg::randn({4, 4}, tg::kCUDA);
   expect_close(to_f64(nep.run({y})[0]), net_reference(y), 1e-6);
+}
+
+// Issue #19's findings 1 and 4 through an exported program: a graph.json that expands to 2^62 + 1
+// float32 and materializes it (the byte count wrapped to 4 and the copy wrote past the block), and
+// a saved clamp bound of "-inf" (cast to int64, undefined, on the way to ONNX).
+namespace {
+// Replaces the first "key" attribute found under a node whose "op" is `op`.
+bool edit_attr(nlohmann::json& j, const std::string& op, const std::string& key, const nlohmann::json& value) {
+  if (j.is_object()) {
+    if (j.contains("op") && j["op"] == op) {
+      for (auto& [k, v] : j.items()) {
+        if (k == key) return v = value, true;
+        if (v.is_object() && v.contains(key)) return v[key] = value, true;
+      }
+    }
+    for (auto& [k, v] : j.items())
+      if (edit_attr(v, op, key, value)) return true;
+  } else if (j.is_array()) {
+    for (auto& v : j)
+      if (edit_attr(v, op, key, value)) return true;
+  }
+  return false;
+}
+}  // namespace
+
+TEST(Export, CraftedSizesAndBoundsAreErrorsNotCorruption) {
+  auto fn = [](const std::vector<tg::Tensor>& in) {
+    return std::vector<tg::Tensor>{in[0].expand({3}).contiguous().exp()};
+  };
+  const auto dir = scratch("huge.tgx");
+  tg::export_function(fn, {tg::randn({1})}).save(dir);
+  const std::string graph = (fs::path(dir) / "graph.json").string();
+  auto j = nlohmann::json::parse(slurp(graph));
+  ASSERT_TRUE(edit_attr(j, "expand", "sizes", nlohmann::json::array({(int64_t{1} << 62) + 1})));
+  for (auto& node : j["nodes"]) node["output"]["shape"] = nlohmann::json::array({(int64_t{1} << 62) + 1});
+  overwrite(graph, j.dump(1));
+  try {
+    auto ep = tg::ExportedProgram::load(dir);
+    ep.run({tg::ones({1})});
+    ADD_FAILURE() << "a 2^62 + 1 element program ran";
+  } catch (const tg::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("2^62"), std::string::npos) << e.what();
+  }
+
+  auto clamped = [](const std::vector<tg::Tensor>& in) { return std::vector<tg::Tensor>{in[0].clamp(-1.0, 1.0)}; };
+  const auto cdir = scratch("clamp.tgx");
+  tg::export_function(clamped, {tg::randn({4})}).save(cdir);
+  const std::string cgraph = (fs::path(cdir) / "graph.json").string();
+  auto cj = nlohmann::json::parse(slurp(cgraph));
+  ASSERT_TRUE(edit_attr(cj, "clamp", "lo", "-inf"));
+  overwrite(cgraph, cj.dump(1));
+  auto ep = tg::ExportedProgram::load(cdir);
+  auto y = ep.run({tg::tensor(std::vector<float>{-1e30f, -2.f, 0.5f, 3.f})})[0];
+  EXPECT_EQ(y.to_vector<float>(), std::vector<float>({-1e30f, -2.f, 0.5f, 1.f}));
+  EXPECT_NO_THROW(ep.save_onnx(scratch("clamp.onnx")));
 }

@@ -256,6 +256,19 @@ TEST(DLPack, UnsupportedInputCallsDeleterThenThrows) {
   expect_refused([](DLManagedTensorVersioned& m) { m.dl_tensor.dtype = DLDataType{kDLComplex, 64, 1}; }, "complex");
   expect_refused([](DLManagedTensorVersioned& m) { m.dl_tensor.dtype = DLDataType{kDLFloat, 8, 1}; }, "bits 8");
   expect_refused([](DLManagedTensorVersioned& m) { m.dl_tensor.ndim = -1; }, "ndim -1");
+  // Sizes a producer cannot have (issue #19's finding 4): no overflow, no allocation, an error.
+  static int64_t huge_shape[2] = {int64_t{1} << 62, 4};  // 2^64 elements: the count overflows int64
+  expect_refused([](DLManagedTensorVersioned& m) { m.dl_tensor.ndim = 2, m.dl_tensor.shape = huge_shape; },
+                 "too many elements");
+  static int64_t big_shape[1] = {int64_t{1} << 61};  // fits int64, but 2^63 bytes of float32
+  expect_refused([](DLManagedTensorVersioned& m) { m.dl_tensor.shape = big_shape; }, "2^62 bytes");
+  static int64_t negative_stride[1] = {-1};
+  expect_refused([](DLManagedTensorVersioned& m) { m.dl_tensor.strides = negative_stride; }, "negative stride");
+  static int64_t far_stride[1] = {int64_t{1} << 61};
+  expect_refused([](DLManagedTensorVersioned& m) { m.dl_tensor.strides = far_stride; }, "span more than");
+  expect_refused([](DLManagedTensorVersioned& m) { m.dl_tensor.byte_offset = ~uint64_t{0} - 8; },
+                 "overflows the data pointer");
+  expect_refused([](DLManagedTensorVersioned& m) { m.dl_tensor.byte_offset = 3; }, "not aligned");
 
   // Legacy struct too.
   Producer p;

@@ -212,5 +212,41 @@ TEST(Optimizer, SgdStateDictHasMomentumBuffer) {
   EXPECT_FALSE(none.state_dict().count("state.0.momentum_buffer"));
 }
 
+// Issue #19's finding 3: saved parameter indices were bounded by 2^40 only, and sized a vector
+// from the file (terabytes for 2^40 - 1; 16 GB accepted for 1000000007). They are bounded by the
+// optimizer's own parameter count now, before any allocation, and a refused dict changes nothing.
+TEST(Optimizer, LoadStateDictBoundsIndicesByParameterCount) {
+  auto a = tg::randn({3}).requires_grad_(), b = tg::randn({2}).requires_grad_();
+  optim::AdamOptions o;
+  o.lr = 0.5;
+  optim::Adam opt({a, b}, o);
+  a.mutable_grad() = tg::ones({3});
+  b.mutable_grad() = tg::ones({2});
+  opt.step();
+  const auto good = opt.state_dict();
+  for (int64_t bad_index : {int64_t{2}, int64_t{1000000007}, (int64_t{1} << 40) - 1, int64_t{1} << 62, int64_t{-1}}) {
+    auto sd = good;
+    sd["param_groups.0.params"] = tg::tensor(std::vector<int64_t>{0, bad_index});
+    try {
+      opt.load_state_dict(sd);
+      ADD_FAILURE() << "index " << bad_index << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("bad parameter index"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("2 parameters"), std::string::npos) << e.what();
+    }
+  }
+  // A huge weight decay loads (PyTorch accepts any value >= 0) and is kept exactly.
+  auto sd = good;
+  sd["param_groups.0.weight_decay"] = tg::full({}, 1e300, kFloat64);
+  opt.load_state_dict(sd);
+  EXPECT_EQ(opt.param_groups()[0].options.weight_decay, 1e300);
+  // Infinite and NaN options are refused where the constructor refuses them, with no change.
+  sd = good;
+  sd["param_groups.0.lr"] = tg::full({}, std::nan(""), kFloat64);
+  EXPECT_THROW(opt.load_state_dict(sd), Error);
+  EXPECT_EQ(opt.param_groups()[0].options.weight_decay, 1e300);
+  EXPECT_EQ(opt.lr(), 0.5);
+}
+
 }  // namespace
 }  // namespace tg::testing

@@ -1,6 +1,8 @@
 // The CPU Copy kernel: every pair of the 7 dtypes, strided either side.
-// Conversions go through float for Half / bfloat16; to bool means != 0.
+// Conversions go through float for Half / bfloat16; to bool means != 0; float to integer
+// truncates and saturates (NaN -> 0).
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "core/backend/cpu/dispatch.h"
@@ -22,6 +24,14 @@ To convert(From v) {
     return v != From(0);
   } else if constexpr (kIs16<To>) {
     return To(static_cast<float>(v));
+  } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<From>) {
+    // A float outside To's range (or NaN, which a loaded file may carry) has no defined cast:
+    // truncate toward zero and saturate, NaN -> 0.
+    const double d = static_cast<double>(v);
+    if (!(d == d)) return To(0);
+    if (d <= static_cast<double>(std::numeric_limits<To>::min())) return std::numeric_limits<To>::min();
+    if (d >= -static_cast<double>(std::numeric_limits<To>::min())) return std::numeric_limits<To>::max();
+    return static_cast<To>(d);
   } else {
     return static_cast<To>(v);
   }

@@ -11,6 +11,7 @@
 
 #include "core/backend/cpu/cpu.h"
 #include "core/error.h"
+#include "core/shape.h"
 
 namespace tg::cpu {
 namespace {
@@ -19,7 +20,10 @@ constexpr size_t kAlign = 64;
 constexpr size_t kHeader = 64;  // keeps the user pointer 64-byte aligned
 constexpr size_t kDefaultCacheLimit = size_t{1} << 30;
 
+// Callers pass at most kMaxStorageBytes (2^62, checked where a shape becomes a byte count), so
+// neither the rounding nor the power of two below can wrap; a larger request is refused here too.
 size_t round_size(size_t n) {
+  TG_CHECK(n <= detail::kMaxStorageBytes, "cpu allocator: request of ", n, " bytes is larger than 2^62");
   n = (n + kAlign - 1) / kAlign * kAlign;
   if (n <= 4096) return n == 0 ? kAlign : n;
   size_t p = 1;

@@ -16,6 +16,8 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <cstdlib>
+#include <string_view>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -27,6 +29,7 @@
 #include "core/backend/cuda/launch_queue.h"
 #include "core/backend/cuda/runtime.h"
 #include "core/cuda.h"
+#include "core/shape.h"
 
 namespace tg::cuda {
 namespace detail {
@@ -78,16 +81,21 @@ void free_block_deleter(void* ctx);
 
 class DeviceAllocator {
  public:
-  explicit DeviceAllocator(int device) : device_(device) {}
+  explicit DeviceAllocator(int device) : device_(device), no_cache_(caching_disabled()) {}
 
   DataPtr allocate(size_t nbytes) {
     const Device dev(kCUDA, device_);
     if (nbytes == 0) return DataPtr(nullptr, nullptr, nullptr, dev);
-    const size_t size = round_up(nbytes, kRound);
-    const bool small = size <= kSmallSize;
+    // Byte counts from shapes are checked against 2^62 before they get here; so no rounding wraps.
+    TG_CHECK(nbytes <= tg::detail::kMaxStorageBytes, "cuda allocator: request of ", nbytes,
+             " bytes on ", dev, " is larger than 2^62");
     // Allocation enqueues nothing, so deferred launches stay deferred (launch_queue.h).
     cudaStream_t stream = current_stream_noflush(device_);
     const uint64_t capture = capture_pool_of_thread(device_);
+    // Without caching every block is its own cudaMalloc of exactly nbytes, so that
+    // compute-sanitizer's memcheck sees each tensor's real bounds (graph pools still split).
+    const size_t size = no_cache_ && !capture ? nbytes : round_up(nbytes, kRound);
+    const bool small = size <= kSmallSize;
 
     std::lock_guard<std::mutex> lock(mu_);
     Block* block = nullptr;
@@ -103,7 +111,7 @@ class DeviceAllocator {
       if (!block) block = new_segment(size, small, stream, capture);
     } else {
       if (!pending_.empty()) process_events();
-      block = find_free(small ? small_free_ : large_free_, stream, size);
+      if (!no_cache_) block = find_free(small ? small_free_ : large_free_, stream, size);
       if (!block) block = new_segment(size, small, stream, 0);
     }
     if (should_split(block, size)) split(block, size, free_set(block->pool, small));
@@ -278,11 +286,22 @@ class DeviceAllocator {
       if (n->next) n->next->prev = b;
       recycle(n);
     }
+    if (no_cache_ && b->pool == 0 && !b->prev && !b->next) {
+      // Nothing is cached: the segment goes back to CUDA once the work queued on it is done.
+      flush_launches();
+      DeviceGuard g(device_);
+      TG_CUDA_CHECK(cudaDeviceSynchronize());
+      TG_CUDA_CHECK(cudaFree(b->ptr));
+      reserved_ -= b->size;
+      recycle(b);
+      return;
+    }
     pool.insert(b);
   }
 
   Block* new_segment(size_t size, bool small, cudaStream_t stream, uint64_t pool) {
     size_t seg = small ? kSmallSegment : (size < kMinLargeAlloc ? kLargeSegment : round_up(size, kSegmentRound));
+    if (no_cache_ && pool == 0) seg = size;
     DeviceGuard g(device_);
     void* ptr = nullptr;
     if (pool) {
@@ -402,7 +421,17 @@ class DeviceAllocator {
     spare_blocks_.push_back(b);
   }
 
+  // TG_NO_CUDA_MEMORY_CACHING=1 (like PyTorch's PYTORCH_NO_CUDA_MEMORY_CACHING): no block is
+  // reused or split, each is its own cudaMalloc, freed as soon as its tensor dies. For
+  // compute-sanitizer (scripts/gpu-check --sanitize); slow. Graph pools still cache, since a
+  // captured graph's replays need their memory.
+  static bool caching_disabled() {
+    const char* v = std::getenv("TG_NO_CUDA_MEMORY_CACHING");
+    return v && *v && std::string_view(v) != "0";
+  }
+
   int device_;
+  bool no_cache_;
   std::mutex mu_;
   FreeSet small_free_, large_free_;
   std::deque<Block> block_storage_;

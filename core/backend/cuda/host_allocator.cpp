@@ -22,6 +22,7 @@
 #include "core/backend/cpu/cpu.h"
 #include "core/backend/cuda/runtime.h"
 #include "core/cuda.h"
+#include "core/shape.h"
 
 namespace tg::cuda::detail {
 namespace {
@@ -197,6 +198,8 @@ void host_block_deleter(void* ctx) {
 }  // namespace
 
 DataPtr host_allocate(size_t nbytes) {
+  TG_CHECK(nbytes <= tg::detail::kMaxStorageBytes, "pinned host allocator: request of ", nbytes,
+           " bytes is larger than 2^62");
   if (!is_available()) return tg::cpu::host_allocator()->allocate(nbytes);
   return host_cache().allocate(nbytes);
 }

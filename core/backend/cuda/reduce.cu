@@ -70,7 +70,7 @@ void fill_out(const Tensor& out, double value) {
   it.dtypes[0] = out.dtype();
   it.contiguous = true;
   it.dparams[0] = value;
-  it.iparams[0] = value == value ? static_cast<int64_t>(value) : 0;
+  it.iparams[0] = Scalar::saturate_to_int64(value);
   it.device = out.device();
   elementwise(ElemOp::Fill, it);
 }
