@@ -4,13 +4,16 @@
 // the final scale, the time per step and the peak GPU memory.
 //
 //   amp_train [--dtype fp16|bf16|off] [--cpu] [--steps N] [--warmup N] [--batch N] [--features N]
-//             [--cuda-graph]
+//             [--cuda-graph] [--init FILE --data FILE --init-scale S --log FILE]
 //
 // Defaults: fp16 on CUDA, 100 timed steps after 5 warm-up steps. --cpu trains on
 // the CPU (bfloat16 unless --dtype says otherwise; use fewer steps there).
 // --cuda-graph: after the warm-up steps (at least 3, on a side stream), one training
 // step is captured into a tg::cuda::Graph and the timed steps replay it. Each step's
 // fresh randn batch is drawn into the input tensor the graph reads (normal_) before the replay.
+// Fidelity mode (tests/parity/amp_fidelity.py): --init loads "weight" and "bias", --data the
+// batches ("x", [steps, batch, features]); every batch is one step from --init-scale, and each
+// step's loss and scale after update() go to --log as "step loss scale" lines. No timing.
 #include <tapegrad/tapegrad.h>
 
 #include <chrono>
@@ -18,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "amp/amp.h"
@@ -33,6 +37,8 @@ struct Args {
   int64_t batch = 256;
   int64_t features = 4096;
   bool cuda_graph = false;
+  std::string init, data, log;  // fidelity mode
+  double init_scale = 65536.0;
 };
 
 [[noreturn]] void usage(const char* msg) {
@@ -57,12 +63,18 @@ Args parse(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--batch")) a.batch = std::atoll(next("--batch"));
     else if (!std::strcmp(argv[i], "--features")) a.features = std::atoll(next("--features"));
     else if (!std::strcmp(argv[i], "--cuda-graph")) a.cuda_graph = true;
+    else if (!std::strcmp(argv[i], "--init")) a.init = next("--init");
+    else if (!std::strcmp(argv[i], "--data")) a.data = next("--data");
+    else if (!std::strcmp(argv[i], "--log")) a.log = next("--log");
+    else if (!std::strcmp(argv[i], "--init-scale")) a.init_scale = std::atof(next("--init-scale"));
     else usage((std::string("unknown argument ") + argv[i]).c_str());
   }
   if (a.dtype != "" && a.dtype != "fp16" && a.dtype != "bf16" && a.dtype != "off") usage("--dtype: fp16, bf16 or off");
   if (a.steps < 1 || a.warmup < 0 || a.batch < 1 || a.features < 1) usage("sizes and counts must be positive");
   if (a.cuda_graph && a.cpu) usage("--cuda-graph needs the GPU (drop --cpu)");
-  if (a.cuda_graph && a.warmup < 3) a.warmup = 3;  // eager warm-up on the capture stream before capturing
+  if (a.cuda_graph && a.warmup < 3) a.warmup = 3;
+  if (a.init.empty() != a.data.empty() || a.init.empty() != a.log.empty())
+    usage("--init, --data and --log go together");  // eager warm-up on the capture stream before capturing
   return a;
 }
 
@@ -82,6 +94,32 @@ int main(int argc, char** argv) {
     if (args.dtype == "fp16") low = tg::kFloat16;
     if (args.dtype == "bf16") low = tg::kBFloat16;
 
+    if (!args.data.empty()) {  // fidelity mode: the given weights and batches, a log per step
+      const tg::nn::StateDict init = tg::load(args.init);
+      const tg::Tensor batches = tg::load(args.data).at("x").to(dev);
+      tg::nn::Linear model(batches.size(2), init.at("weight").size(0));
+      model.load_state_dict(init);
+      model.to(dev);
+      tg::optim::SGD opt(model.parameters(), {.lr = 1e-3});
+      tg::amp::GradScaler scaler({.init_scale = args.init_scale, .enabled = amp_on});
+      std::FILE* log = std::fopen(args.log.c_str(), "w");
+      if (!log) throw std::runtime_error("cannot write " + args.log);
+      for (int64_t i = 0; i < batches.size(0); ++i) {
+        opt.zero_grad();
+        tg::Tensor loss;
+        {
+          tg::amp::autocast guard(dev.type(), low, amp_on);
+          loss = model(batches.select(0, i)).pow(2).mean();
+        }
+        scaler.scale(loss).backward();
+        scaler.step(opt);
+        scaler.update();
+        std::fprintf(log, "%lld %.9g %.9g\n", static_cast<long long>(i), loss.item<double>(), scaler.get_scale());
+      }
+      std::fclose(log);
+      tg::save(model.state_dict(), args.log + ".safetensors");
+      return 0;
+    }
     tg::manual_seed(0);
     tg::nn::Linear model(args.features, args.features);
     model.to(dev);

@@ -4,6 +4,8 @@
 // reference. Without a GPU only the "no device" behaviour is checked.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -69,6 +71,7 @@ TEST(CudaRuntime, ErrorMessageNamesCallAndError) {
 }
 
 TEST(CachingAllocator, ReusesOnSameStreamOnly) {
+  if (std::getenv("TG_NO_CUDA_MEMORY_CACHING")) GTEST_SKIP() << "needs the caching allocator (TG_NO_CUDA_MEMORY_CACHING is set)";
   TG_SKIP_WITHOUT_GPU();
   tg::cuda::empty_cache();
   tg::DataPtr p = cd::device_allocate(1000, 0);
@@ -92,6 +95,7 @@ TEST(CachingAllocator, ZeroBytesGivesNull) {
 }
 
 TEST(CachingAllocator, SplitsAFreedBlock) {
+  if (std::getenv("TG_NO_CUDA_MEMORY_CACHING")) GTEST_SKIP() << "needs the caching allocator (TG_NO_CUDA_MEMORY_CACHING is set)";
   TG_SKIP_WITHOUT_GPU();
   tg::cuda::empty_cache();
   // A fresh stream has no cached blocks, whatever other tests left behind.
@@ -124,6 +128,7 @@ TEST(CachingAllocator, SplitsAFreedBlock) {
 }
 
 TEST(CachingAllocator, Counters) {
+  if (std::getenv("TG_NO_CUDA_MEMORY_CACHING")) GTEST_SKIP() << "needs the caching allocator (TG_NO_CUDA_MEMORY_CACHING is set)";
   TG_SKIP_WITHOUT_GPU();
   tg::cuda::empty_cache();
   tg::cuda::Stream fresh;
@@ -174,6 +179,7 @@ TEST(CachingAllocator, OutOfMemoryThrowsAndRecovers) {
 }
 
 TEST(CachingAllocator, RecordStreamDelaysReuse) {
+  if (std::getenv("TG_NO_CUDA_MEMORY_CACHING")) GTEST_SKIP() << "needs the caching allocator (TG_NO_CUDA_MEMORY_CACHING is set)";
   TG_SKIP_WITHOUT_GPU();
   tg::cuda::empty_cache();
   tg::cuda::Stream side;

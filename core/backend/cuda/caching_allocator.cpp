@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <string_view>
 #include <cstdint>
@@ -286,7 +287,7 @@ class DeviceAllocator {
       if (n->next) n->next->prev = b;
       recycle(n);
     }
-    if (no_cache_ && b->pool == 0 && !b->prev && !b->next) {
+    if (no_cache_ && b->pool == 0 && !b->prev && !b->next && !must_cache()) {
       // Nothing is cached: the segment goes back to CUDA once the work queued on it is done.
       flush_launches();
       DeviceGuard g(device_);
@@ -425,9 +426,29 @@ class DeviceAllocator {
   // reused or split, each is its own cudaMalloc, freed as soon as its tensor dies. For
   // compute-sanitizer (scripts/gpu-check --sanitize); slow. Graph pools still cache, since a
   // captured graph's replays need their memory.
+  // Whether this thread's current stream is capturing (then no synchronising call is allowed,
+  // and a block freed without caching waits in the cache instead), or the process is exiting
+  // (the CUDA context may be gone: nothing is freed then).
+  bool must_cache() const {
+    if (exiting().load()) return true;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(current_stream_noflush(device_), &status) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return true;
+    }
+    return status != cudaStreamCaptureStatusNone;
+  }
+  static std::atomic<bool>& exiting() {
+    static std::atomic<bool> flag{false};
+    return flag;
+  }
   static bool caching_disabled() {
     const char* v = std::getenv("TG_NO_CUDA_MEMORY_CACHING");
-    return v && *v && std::string_view(v) != "0";
+    const bool off = v && *v && std::string_view(v) != "0";
+    // Registered after the CUDA runtime's own exit handler, so it runs first.
+    static const bool registered = off && std::atexit([] { exiting().store(true); }) == 0;
+    (void)registered;
+    return off;
   }
 
   int device_;
