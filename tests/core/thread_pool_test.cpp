@@ -15,16 +15,11 @@
 #include <thread>
 #include <vector>
 
+#include "common/num_threads_guard.h"
+
 namespace {
 
-class PoolSize {
- public:
-  explicit PoolSize(int n) : old_(tg::get_num_threads()) { tg::set_num_threads(n); }
-  ~PoolSize() { tg::set_num_threads(old_); }
-
- private:
-  int old_;
-};
+using PoolSize = tg_test::NumThreadsGuard;
 
 // Fills out[i] = f(i) through parallel_for with plain (non-atomic) writes: the caller must
 // see every write once parallel_for returns.

@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/num_threads_guard.h"
+
 namespace {
 
 using tg::Tensor;
@@ -78,14 +80,7 @@ Result train(const Problem& p, Opt which, int epochs) {
 }
 
 // Runs with a given pool size and restores the old one.
-class PoolSize {
- public:
-  explicit PoolSize(int n) : old_(tg::get_num_threads()) { tg::set_num_threads(n); }
-  ~PoolSize() { tg::set_num_threads(old_); }
-
- private:
-  int old_;
-};
+using PoolSize = tg_test::NumThreadsGuard;
 
 TEST(ConcurrentTraining, TwoModelsInTwoThreadsMatchEachAlone) {
   PoolSize pool(4);  // more workers than cores: chunks of both threads' jobs interleave

@@ -35,6 +35,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/num_threads_guard.h"
+
 namespace {
 
 using tg::Tensor;
@@ -96,14 +98,7 @@ class TempDir {
 };
 
 // Forks run with one CPU thread, so that the child is a copy of a single-threaded process.
-class PoolSize {
- public:
-  explicit PoolSize(int n) : old_(tg::get_num_threads()) { tg::set_num_threads(n); }
-  ~PoolSize() { tg::set_num_threads(old_); }
-
- private:
-  int old_;
-};
+using PoolSize = tg_test::NumThreadsGuard;
 
 class MemoryLimit {
  public:
