@@ -183,6 +183,83 @@ TEST(Faults, OutOfMemoryMidTrainingLosesNothing) {
   EXPECT_EQ(snapshot(t.net, *t.opt), snapshot(twin.net, *twin.opt));
 }
 
+// The same on the GPU with AMP: a batch whose fp16 hidden activations (20M x 4096 x 2 bytes,
+// 164 GB) exceed the device fails with a tg::Error naming the request and the bytes held, and
+// the model, the optimizer and the GradScaler are untouched; the next small step trains on
+// exactly as a twin that never saw the big batch, and memory_allocated is back where it was.
+TEST(Faults, CudaOutOfMemoryMidAmpTrainingLosesNothing) {
+  if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  tg::manual_seed(4);
+  const tg::Device dev(tg::kCUDA, 0);
+  struct AmpTrainer {
+    explicit AmpTrainer(const tg::nn::StateDict& init, tg::Device dev)
+        : net(tg::nn::Linear(64, 4096), tg::nn::ReLU(), tg::nn::Linear(4096, 1)) {
+      net.load_state_dict(init);
+      net.to(dev);
+      opt = std::make_unique<tg::optim::Adam>(net.parameters(), tg::optim::AdamOptions{.lr = 1e-3});
+    }
+    void step(const Tensor& x, const Tensor& y) {
+      opt->zero_grad();
+      Tensor loss;
+      {
+        tg::amp::autocast guard(tg::kCUDA, tg::kFloat16);
+        loss = tg::nn::functional::mse_loss(net(x), y);
+      }
+      scaler.scale(loss).backward();
+      scaler.step(*opt);
+      scaler.update();
+    }
+    std::map<std::string, Bytes> state() const {
+      auto s = snapshot(net, *opt);
+      for (const auto& [k, v] : scaler.state_dict()) {
+        Bytes b(sizeof(double));
+        std::memcpy(b.data(), &v, sizeof(double));
+        s["scaler." + k] = b;
+      }
+      return s;
+    }
+    tg::nn::Sequential net;
+    std::unique_ptr<tg::optim::Adam> opt;
+    tg::amp::GradScaler scaler;
+  };
+  tg::nn::StateDict init;
+  {
+    tg::nn::Sequential proto(tg::nn::Linear(64, 4096), tg::nn::ReLU(), tg::nn::Linear(4096, 1));
+    for (const auto& [name, t] : proto.state_dict()) init.insert(name, t.detach().clone());
+  }
+  auto small_x = tg::randn({32, 64}, dev), small_y = tg::randn({32, 1}, dev);
+  AmpTrainer t(init, dev), twin(init, dev);
+  for (int i = 0; i < 3; ++i) {
+    t.step(small_x, small_y);
+    twin.step(small_x, small_y);
+  }
+  t.opt->zero_grad();
+  twin.opt->zero_grad();
+  auto big_x = tg::randn({20000000, 64}, dev), big_y = tg::randn({20000000, 1}, dev);
+  const auto before = t.state();
+  tg::cuda::synchronize();
+  const size_t held = tg::cuda::memory_allocated();
+  std::string what;
+  try {
+    t.step(big_x, big_y);
+    tg::cuda::synchronize();
+    FAIL() << "a 164 GB activation did not fail";
+  } catch (const tg::Error& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("CUDA out of memory"), std::string::npos) << what;
+  EXPECT_NE(what.find("bytes allocated"), std::string::npos) << what;
+  EXPECT_EQ(t.state(), before);
+  tg::cuda::synchronize();
+  EXPECT_EQ(tg::cuda::memory_allocated(), held);
+  big_x = Tensor();
+  big_y = Tensor();
+  t.step(small_x, small_y);
+  twin.step(small_x, small_y);
+  EXPECT_NE(t.state(), before);
+  EXPECT_EQ(t.state(), twin.state());
+}
+
 TEST(Faults, MemoryLimitEnvAndSetter) {
   const size_t old = tg::cpu::memory_limit();
   {
