@@ -150,6 +150,11 @@ ElementwiseIter make_iter(const Tensor& out, std::initializer_list<const Tensor*
       strides[o][d] = (td >= 0 && sz != 1) ? t.strides()[td] : 0;
     }
   }
+  if (it.numel == 0) {  // nothing runs (run() returns), and huge zero-element dims must not be multiplied
+    it.ndim = 0;
+    it.contiguous = true;
+    return it;
+  }
   // Drop size-1 dims, then merge dim d into the next-inner one when contiguous for all operands.
   int n = 0;
   for (int d = 0; d < nd; ++d) {
