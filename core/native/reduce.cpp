@@ -43,11 +43,12 @@ Tensor reduce(ReduceOp op, const Tensor& a, const DimList& dims, bool keepdim, i
   }
   std::vector<int64_t> rd = detail::reduce_dims(dims, a.dim(), name);
   Shape keep_shape = a.sizes();
-  int64_t reduced = 1;
+  Shape reduced_sizes;  // its numel() cannot overflow when a dim is 0 and the rest are huge
   for (int64_t d : rd) {
-    reduced *= keep_shape[d];
+    reduced_sizes.push_back(keep_shape[d]);
     keep_shape[d] = 1;
   }
+  const int64_t reduced = reduced_sizes.numel();
   if (op == ReduceOp::Max || op == ReduceOp::Min || op == ReduceOp::ArgMax) {
     TG_CHECK(reduced > 0 || keep_shape.numel() == 0, name, ": cannot reduce over a zero-size dimension of shape ",
              a.sizes());

@@ -65,6 +65,11 @@ TEST(UntrustedSizes, ZeroElementTensorsWithHugeDims) {
     EXPECT_EQ((e + 1).numel(), 0);
     EXPECT_EQ(e.sum().item<float>(), 0.f);
   }
+  // Reducing over the huge dims of a zero-element tensor (found by fuzz_dlpack).
+  Tensor e = tg::empty({0, int64_t{1} << 62, 4});
+  EXPECT_EQ(e.sum({1, 2}).sizes(), tg::Shape({0}));
+  EXPECT_EQ(e.max({1, 2}).numel(), 0);
+  EXPECT_THROW(e.sum(0), tg::Error);  // [2^62, 4] float32 cannot be allocated
 }
 
 TEST(UntrustedSizes, ZeroElementHugeDimsSurviveSafetensors) {
