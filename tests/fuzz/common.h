@@ -50,6 +50,14 @@ bool accepts(F&& f) {
   }
 }
 
+// The fuzz input written as a safetensors file named `name` and loaded into `out`; false when
+// tg::load rejects it.
+inline bool load_safetensors(const uint8_t* data, size_t size, const char* name, tg::nn::StateDict& out) {
+  const auto path = scratch_dir() / name;
+  write_file(path, {reinterpret_cast<const char*>(data), size});
+  return accepts([&] { out = tg::load(path.string()); });
+}
+
 // Reads fixed-size values off the front of the fuzz input; zeros once it runs out.
 struct Bytes {
   const uint8_t* p;
