@@ -1,5 +1,5 @@
 // tg::amp: automatic mixed precision. The autocast guard and cast policy
 // (amp/autocast.h) and the device-side GradScaler (amp/grad_scaler.h).
 #pragma once
-#include "amp/autocast.h"
-#include "amp/grad_scaler.h"
+#include <tapegrad/amp/autocast.h>
+#include <tapegrad/amp/grad_scaler.h>

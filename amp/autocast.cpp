@@ -1,16 +1,16 @@
 // The autocast guard, the policy lookups, the input casting behind the op hook,
 // and the weight-cast cache.
-#include "amp/autocast.h"
+#include <tapegrad/amp/autocast.h>
 
 #include <algorithm>
 #include <unordered_map>
 #include <vector>
 
-#include "amp/hook.h"
-#include "amp/shadow.h"
-#include "autograd/autograd.h"
-#include "core/error.h"
-#include "core/tensor.h"
+#include <tapegrad/amp/hook.h>
+#include <tapegrad/amp/shadow.h>
+#include <tapegrad/autograd/autograd.h>
+#include <tapegrad/core/error.h>
+#include <tapegrad/core/tensor.h>
 
 namespace tg::amp {
 

@@ -10,9 +10,9 @@
 #include <optional>
 #include <string_view>
 
-#include "core/device.h"
-#include "core/dtype.h"
-#include "core/op_list.h"
+#include <tapegrad/core/device.h>
+#include <tapegrad/core/dtype.h>
+#include <tapegrad/core/op_list.h>
 
 namespace tg::amp {
 

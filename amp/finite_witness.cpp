@@ -1,5 +1,5 @@
 // The finiteness-witness registry of finite_witness.h.
-#include "amp/finite_witness.h"
+#include <tapegrad/amp/finite_witness.h>
 
 #include <algorithm>
 #include <atomic>

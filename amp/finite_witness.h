@@ -23,7 +23,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/tensor.h"
+#include <tapegrad/core/tensor.h>
 
 namespace tg::amp::detail {
 

@@ -1,6 +1,6 @@
 // GradScaler: PyTorch's state machine on the host, the numbers on the device
 // (CUDA kernels in amp/cuda/grad_scaler.cu, host loops here for the CPU).
-#include "amp/grad_scaler.h"
+#include <tapegrad/amp/grad_scaler.h>
 
 #include <atomic>
 #include <cmath>
@@ -9,11 +9,11 @@
 #include <tuple>
 #include <vector>
 
-#include "amp/finite_witness.h"
-#include "core/error.h"
-#include "core/ops.h"
+#include <tapegrad/amp/finite_witness.h>
+#include <tapegrad/core/error.h>
+#include <tapegrad/core/ops.h>
 #if defined(TG_WITH_CUDA)
-#include "amp/cuda/amp_kernels.h"
+#include <tapegrad/amp/cuda/amp_kernels.h>
 #endif
 
 namespace tg::amp {

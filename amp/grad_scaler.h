@@ -18,8 +18,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "core/tensor.h"
-#include "optim/optimizer.h"
+#include <tapegrad/core/tensor.h>
+#include <tapegrad/optim/optimizer.h>
 
 namespace tg::amp {
 

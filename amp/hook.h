@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/op_list.h"
-#include "core/tensor.h"
+#include <tapegrad/core/op_list.h>
+#include <tapegrad/core/tensor.h>
 
 namespace tg::amp::detail {
 

@@ -1,7 +1,7 @@
 // The shadow table: one low-precision copy per (parameter memory, dtype), tagged
 // with the storage and version it equals the cast of. Global (an optimizer may run
 // on another thread than the forward) behind one mutex; a few entries per model.
-#include "amp/shadow.h"
+#include <tapegrad/amp/shadow.h>
 
 #include <atomic>
 #include <cstring>
@@ -10,11 +10,11 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/function.h"
-#include "core/native.h"
-#include "core/trace.h"
+#include <tapegrad/autograd/function.h>
+#include <tapegrad/core/native.h>
+#include <tapegrad/core/trace.h>
 #if defined(TG_WITH_CUDA)
-#include "core/backend/cuda/runtime.h"
+#include <tapegrad/core/backend/cuda/runtime.h>
 #endif
 
 namespace tg::amp::detail {

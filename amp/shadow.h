@@ -26,8 +26,8 @@
 #include <cstdint>
 #include <optional>
 
-#include "core/dtype.h"
-#include "core/tensor.h"
+#include <tapegrad/core/dtype.h>
+#include <tapegrad/core/tensor.h>
 
 namespace tg::amp::detail {
 

@@ -4,7 +4,7 @@
 #include <memory>
 #include <vector>
 
-#include "autograd/autograd.h"
+#include <tapegrad/autograd/autograd.h>
 
 namespace tg::autograd {
 

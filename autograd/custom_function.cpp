@@ -1,8 +1,8 @@
 // The engine side of user-defined autograd functions (autograd/custom_function.h):
 // saved tensors with the in-place check, and the node that calls the user's backward.
-#include "autograd/custom_function.h"
+#include <tapegrad/autograd/custom_function.h>
 
-#include "autograd/function.h"
+#include <tapegrad/autograd/function.h>
 
 namespace tg::autograd {
 

@@ -32,8 +32,8 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/autograd.h"
-#include "core/tensor.h"
+#include <tapegrad/autograd/autograd.h>
+#include <tapegrad/core/tensor.h>
 
 namespace tg::autograd {
 

@@ -12,11 +12,11 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/accumulate_grad.h"
-#include "autograd/function.h"
+#include <tapegrad/autograd/accumulate_grad.h>
+#include <tapegrad/autograd/function.h>
 #if defined(TG_WITH_CUDA)
-#include "core/backend/cuda/runtime.h"
-#include "core/cuda.h"
+#include <tapegrad/core/backend/cuda/runtime.h>
+#include <tapegrad/core/cuda.h>
 #endif
 
 namespace tg {

@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/autograd.h"
-#include "core/native.h"
+#include <tapegrad/autograd/autograd.h>
+#include <tapegrad/core/native.h>
 
 namespace tg::autograd {
 

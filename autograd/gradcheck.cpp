@@ -9,7 +9,7 @@
 #include <sstream>
 #include <vector>
 
-#include "autograd/function.h"
+#include <tapegrad/autograd/function.h>
 
 namespace tg::autograd {
 

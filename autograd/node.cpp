@@ -3,8 +3,8 @@
 // record(), which every differentiable op calls after its forward.
 #include <vector>
 
-#include "autograd/accumulate_grad.h"
-#include "autograd/function.h"
+#include <tapegrad/autograd/accumulate_grad.h>
+#include <tapegrad/autograd/function.h>
 
 namespace tg::autograd {
 

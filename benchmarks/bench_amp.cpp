@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "amp/amp.h"
+#include <tapegrad/amp/amp.h>
 #include "benchmarks/bench_util.h"
-#include "optim/optim.h"
+#include <tapegrad/optim/optim.h>
 
 namespace {
 

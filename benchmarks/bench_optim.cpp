@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "benchmarks/bench_util.h"
-#include "optim/optim.h"
+#include <tapegrad/optim/optim.h>
 
 namespace {
 

@@ -8,7 +8,7 @@
 
 #include <tapegrad/tapegrad.h>
 #include "benchmarks/bench_util.h"
-#include "core/native.h"
+#include <tapegrad/core/native.h>
 
 int launch_add_one(float* p, int n, int count, void* stream);
 void launch_report(float* p, int n, int count);

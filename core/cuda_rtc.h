@@ -22,8 +22,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/half.h"
-#include "core/tensor.h"
+#include <tapegrad/core/half.h>
+#include <tapegrad/core/tensor.h>
 
 namespace tg::cuda {
 

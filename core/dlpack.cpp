@@ -1,12 +1,12 @@
 // DLPack export and import (see core/dlpack.h): zero copy both ways, the
 // producer's deleter called exactly once.
-#include "core/dlpack.h"
+#include <tapegrad/core/dlpack.h>
 
 #include <memory>
 #include <string>
 #include <utility>
 
-#include "core/native.h"
+#include <tapegrad/core/native.h>
 
 namespace tg {
 

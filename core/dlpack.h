@@ -16,7 +16,7 @@
 #pragma once
 #include <cstdint>
 
-#include "core/tensor.h"
+#include <tapegrad/core/tensor.h>
 
 #ifndef DLPACK_DLPACK_H_
 #define TG_DLPACK_OWN_STRUCTS 1

@@ -1,5 +1,5 @@
 // Type promotion between tensor dtypes, following torch.promote_types.
-#include "core/dtype.h"
+#include <tapegrad/core/dtype.h>
 
 namespace tg {
 

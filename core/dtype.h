@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <ostream>
 
-#include "core/half.h"
+#include <tapegrad/core/half.h>
 
 namespace tg {
 

@@ -1,5 +1,5 @@
 // tg::Error construction and warning logging.
-#include "core/error.h"
+#include <tapegrad/core/error.h>
 
 #include <cstdio>
 #include <cstring>

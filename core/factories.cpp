@@ -2,7 +2,7 @@
 // the result as a leaf that requires grad when asked.
 #include <cstring>
 
-#include "core/native.h"
+#include <tapegrad/core/native.h>
 
 #ifndef TG_VERSION
 #define TG_VERSION "0.0.0"

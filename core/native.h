@@ -6,9 +6,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/backend/backend.h"
-#include "core/ops.h"
-#include "core/tensor.h"
+#include <tapegrad/core/backend/backend.h>
+#include <tapegrad/core/ops.h>
+#include <tapegrad/core/tensor.h>
 
 namespace tg::native {
 

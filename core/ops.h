@@ -7,7 +7,7 @@
 #include <optional>
 #include <vector>
 
-#include "core/tensor.h"
+#include <tapegrad/core/tensor.h>
 
 namespace tg {
 

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "core/half.h"
+#include <tapegrad/core/half.h>
 
 namespace tg::philox {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/native.h"
+#include <tapegrad/core/native.h>
 
 namespace tg {
 

@@ -1,11 +1,11 @@
 // Shape printing and the shape arithmetic shared by all ops.
-#include "core/shape.h"
+#include <tapegrad/core/shape.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <sstream>
 
-#include "core/error.h"
+#include <tapegrad/core/error.h>
 
 namespace tg {
 

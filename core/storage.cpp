@@ -1,15 +1,15 @@
 // get_allocator: the host caching allocator for the CPU, the CUDA caching
 // allocator of the device otherwise.
-#include "core/storage.h"
+#include <tapegrad/core/storage.h>
 
 #include <memory>
 #include <mutex>
 #include <vector>
 
-#include "core/backend/cpu/cpu.h"
-#include "core/error.h"
+#include <tapegrad/core/backend/cpu/cpu.h>
+#include <tapegrad/core/error.h>
 #ifdef TG_WITH_CUDA
-#include "core/backend/cuda/runtime.h"
+#include <tapegrad/core/backend/cuda/runtime.h>
 #endif
 
 namespace tg {

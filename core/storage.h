@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "core/device.h"
+#include <tapegrad/core/device.h>
 
 namespace tg {
 

@@ -1,15 +1,15 @@
 // Tensor methods that forward to the public ops, raw data access, and the
 // in-place ops (not differentiable; they bump the version counter).
-#include "core/tensor.h"
+#include <tapegrad/core/tensor.h>
 
 #include <cstring>
 
-#include "autograd/autograd.h"
-#include "core/native.h"
-#include "core/trace.h"
+#include <tapegrad/autograd/autograd.h>
+#include <tapegrad/core/native.h>
+#include <tapegrad/core/trace.h>
 #ifdef TG_WITH_CUDA
-#include "core/backend/cuda/launch_queue.h"
-#include "core/backend/cuda/runtime.h"
+#include <tapegrad/core/backend/cuda/launch_queue.h>
+#include <tapegrad/core/backend/cuda/runtime.h>
 #endif
 
 namespace tg {

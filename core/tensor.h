@@ -7,12 +7,12 @@
 #include <ostream>
 #include <vector>
 
-#include "core/device.h"
-#include "core/dtype.h"
-#include "core/error.h"
-#include "core/shape.h"
-#include "core/storage.h"
-#include "core/tensor_options.h"
+#include <tapegrad/core/device.h>
+#include <tapegrad/core/dtype.h>
+#include <tapegrad/core/error.h>
+#include <tapegrad/core/shape.h>
+#include <tapegrad/core/storage.h>
+#include <tapegrad/core/tensor_options.h>
 
 namespace tg {
 

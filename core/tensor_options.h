@@ -3,8 +3,8 @@
 #pragma once
 #include <optional>
 
-#include "core/device.h"
-#include "core/dtype.h"
+#include <tapegrad/core/device.h>
+#include <tapegrad/core/dtype.h>
 
 namespace tg {
 

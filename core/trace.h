@@ -10,8 +10,8 @@
 #include <variant>
 #include <vector>
 
-#include "core/op_list.h"
-#include "core/tensor.h"
+#include <tapegrad/core/op_list.h>
+#include <tapegrad/core/tensor.h>
 
 namespace tg::detail {
 

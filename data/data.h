@@ -1,4 +1,4 @@
 // tg::data in one include: TensorDataset and DataLoader.
 #pragma once
-#include "data/dataloader.h"
-#include "data/dataset.h"
+#include <tapegrad/data/dataloader.h>
+#include <tapegrad/data/dataset.h>

@@ -1,11 +1,11 @@
 // DataLoader and TensorDataset helpers: validation, the epoch permutation, and
 // the per-batch gather (device-side, no host sync).
-#include "data/dataloader.h"
+#include <tapegrad/data/dataloader.h>
 
 #include <vector>
 
-#include "core/native.h"
-#include "core/philox.h"
+#include <tapegrad/core/native.h>
+#include <tapegrad/core/philox.h>
 
 namespace tg::data::detail {
 

@@ -14,7 +14,7 @@
 #include <optional>
 #include <vector>
 
-#include "data/dataset.h"
+#include <tapegrad/data/dataset.h>
 
 namespace tg::data {
 

@@ -5,7 +5,7 @@
 #include <concepts>
 #include <cstddef>
 
-#include "core/tensor.h"
+#include <tapegrad/core/tensor.h>
 
 namespace tg::data {
 

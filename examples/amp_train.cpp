@@ -24,8 +24,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "amp/amp.h"
-#include "optim/optim.h"
+#include <tapegrad/amp/amp.h>
+#include <tapegrad/optim/optim.h>
 
 namespace {
 

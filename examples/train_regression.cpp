@@ -25,7 +25,7 @@
 // trains one step per row of "order" and prints "step i loss L" for each.
 #include <tapegrad/tapegrad.h>
 
-#include "optim/adam.h"
+#include <tapegrad/optim/adam.h>
 
 #include <algorithm>
 #include <chrono>

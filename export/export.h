@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/tensor.h"
-#include "nn/module.h"
+#include <tapegrad/core/tensor.h>
+#include <tapegrad/nn/module.h>
 
 namespace tg {
 

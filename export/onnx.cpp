@@ -6,11 +6,11 @@
 #include <fstream>
 #include <limits>
 
-#include "autograd/autograd.h"
-#include "core/native.h"
-#include "core/ops.h"
-#include "export/export.h"
-#include "export/program.h"
+#include <tapegrad/autograd/autograd.h>
+#include <tapegrad/core/native.h>
+#include <tapegrad/core/ops.h>
+#include <tapegrad/export/export.h>
+#include <tapegrad/export/program.h>
 
 namespace tg {
 

@@ -1,15 +1,15 @@
 // The exported program: op schemas, validation, the printed graph and the
 // executor behind ExportedProgram::run.
-#include "export/program.h"
+#include <tapegrad/export/program.h>
 
 #include <cmath>
 #include <cstdio>
 #include <set>
 #include <sstream>
 
-#include "autograd/autograd.h"
-#include "core/ops.h"
-#include "export/export.h"
+#include <tapegrad/autograd/autograd.h>
+#include <tapegrad/core/ops.h>
+#include <tapegrad/export/export.h>
 
 namespace tg::exporting {
 

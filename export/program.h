@@ -9,9 +9,9 @@
 #include <string_view>
 #include <vector>
 
-#include "core/op_list.h"
-#include "core/tensor.h"
-#include "core/trace.h"
+#include <tapegrad/core/op_list.h>
+#include <tapegrad/core/tensor.h>
+#include <tapegrad/core/trace.h>
 
 namespace tg::exporting {
 

@@ -16,9 +16,9 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "export/export.h"
-#include "export/program.h"
-#include "nn/serialize.h"
+#include <tapegrad/export/export.h>
+#include <tapegrad/export/program.h>
+#include <tapegrad/nn/serialize.h>
 
 namespace tg {
 

@@ -5,10 +5,10 @@
 #include <limits>
 #include <unordered_map>
 
-#include "autograd/autograd.h"
-#include "core/trace.h"
-#include "export/export.h"
-#include "export/program.h"
+#include <tapegrad/autograd/autograd.h>
+#include <tapegrad/core/trace.h>
+#include <tapegrad/export/export.h>
+#include <tapegrad/export/program.h>
 
 namespace tg {
 

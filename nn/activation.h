@@ -1,7 +1,7 @@
 // Activation modules: stateless wrappers around the elementwise ops, for use
 // inside Sequential.
 #pragma once
-#include "nn/module.h"
+#include <tapegrad/nn/module.h>
 
 namespace tg::nn {
 

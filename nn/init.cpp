@@ -1,11 +1,11 @@
 // Parameter initialisers: random fills through the native ops, copied into the
 // target under NoGradGuard so a parameter stays a leaf.
-#include "nn/init.h"
+#include <tapegrad/nn/init.h>
 
 #include <cmath>
 
-#include "autograd/autograd.h"
-#include "core/native.h"
+#include <tapegrad/autograd/autograd.h>
+#include <tapegrad/core/native.h>
 
 namespace tg::nn::init {
 

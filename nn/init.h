@@ -3,7 +3,7 @@
 #pragma once
 #include <string_view>
 
-#include "core/tensor.h"
+#include <tapegrad/core/tensor.h>
 
 namespace tg::nn::init {
 

@@ -1,9 +1,9 @@
 // tg::nn::Linear.
-#include "nn/linear.h"
+#include <tapegrad/nn/linear.h>
 
 #include <cmath>
 
-#include "nn/init.h"
+#include <tapegrad/nn/init.h>
 
 namespace tg::nn {
 

@@ -1,6 +1,6 @@
 // tg::nn::Linear: y = x Wᵀ + b with PyTorch's initialisation.
 #pragma once
-#include "nn/module.h"
+#include <tapegrad/nn/module.h>
 
 namespace tg::nn {
 

@@ -1,12 +1,12 @@
 // Loss functions.
-#include "nn/loss.h"
+#include <tapegrad/nn/loss.h>
 
 #include <vector>
 
-#include "amp/hook.h"
-#include "autograd/function.h"
-#include "core/native.h"
-#include "core/trace.h"
+#include <tapegrad/amp/hook.h>
+#include <tapegrad/autograd/function.h>
+#include <tapegrad/core/native.h>
+#include <tapegrad/core/trace.h>
 
 namespace tg::nn {
 

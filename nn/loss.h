@@ -3,7 +3,7 @@
 #include <string>
 #include <string_view>
 
-#include "nn/module.h"
+#include <tapegrad/nn/module.h>
 
 namespace tg::nn {
 

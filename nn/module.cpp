@@ -1,11 +1,11 @@
 // tg::nn::Module and StateDict.
-#include "nn/module.h"
+#include <tapegrad/nn/module.h>
 
 #include <sstream>
 #include <unordered_set>
 
-#include "autograd/autograd.h"
-#include "core/native.h"
+#include <tapegrad/autograd/autograd.h>
+#include <tapegrad/core/native.h>
 
 namespace tg::nn {
 

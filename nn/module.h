@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/ops.h"
-#include "core/tensor.h"
+#include <tapegrad/core/ops.h>
+#include <tapegrad/core/tensor.h>
 
 namespace tg::nn {
 

@@ -1,9 +1,9 @@
 // tg::nn in one include: modules, layers, activations, losses, init and checkpoints.
 #pragma once
-#include "nn/activation.h"
-#include "nn/init.h"
-#include "nn/linear.h"
-#include "nn/loss.h"
-#include "nn/module.h"
-#include "nn/sequential.h"
-#include "nn/serialize.h"
+#include <tapegrad/nn/activation.h>
+#include <tapegrad/nn/init.h>
+#include <tapegrad/nn/linear.h>
+#include <tapegrad/nn/loss.h>
+#include <tapegrad/nn/module.h>
+#include <tapegrad/nn/sequential.h>
+#include <tapegrad/nn/serialize.h>

@@ -1,5 +1,5 @@
 // tg::nn::Sequential.
-#include "nn/sequential.h"
+#include <tapegrad/nn/sequential.h>
 
 #include <string>
 

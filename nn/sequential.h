@@ -8,7 +8,7 @@
 #include <memory>
 #include <type_traits>
 
-#include "nn/module.h"
+#include <tapegrad/nn/module.h>
 
 namespace tg::nn {
 

@@ -1,6 +1,6 @@
 // safetensors reading and writing. The loader never trusts the file: sizes come
 // from the header only after they are checked against the file's real size.
-#include "nn/serialize.h"
+#include <tapegrad/nn/serialize.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/native.h"
+#include <tapegrad/core/native.h>
 
 namespace tg {
 

@@ -8,8 +8,8 @@
 #include <optional>
 #include <string>
 
-#include "core/device.h"
-#include "nn/module.h"
+#include <tapegrad/core/device.h>
+#include <tapegrad/nn/module.h>
 
 namespace tg {
 

@@ -1,15 +1,15 @@
 // Adam and AdamW: the CPU loop and the dispatch to the fused CUDA kernel, per
 // group and (device, dtype) bucket. torch.optim.Adam / AdamW's update (see
 // optim/update_math.h); the two differ only in how weight decay is applied.
-#include "optim/adam.h"
+#include <tapegrad/optim/adam.h>
 
 #include <type_traits>
 
-#include "core/ops.h"
-#include "optim/step_util.h"
-#include "optim/update_math.h"
+#include <tapegrad/core/ops.h>
+#include <tapegrad/optim/step_util.h>
+#include <tapegrad/optim/update_math.h>
 #if defined(TG_WITH_CUDA)
-#include "optim/cuda/fused.h"
+#include <tapegrad/optim/cuda/fused.h>
 #endif
 
 namespace tg::optim {

@@ -1,5 +1,5 @@
 // The optimizers: everything under tg::optim in one include.
 #pragma once
-#include "optim/adam.h"
-#include "optim/optimizer.h"
-#include "optim/sgd.h"
+#include <tapegrad/optim/adam.h>
+#include <tapegrad/optim/optimizer.h>
+#include <tapegrad/optim/sgd.h>

@@ -1,16 +1,16 @@
 // The optimizer base: groups bookkeeping, zero_grad, state_dict I/O, and the
 // shared step helpers of optim/step_util.h.
-#include "optim/optimizer.h"
+#include <tapegrad/optim/optimizer.h>
 
 #include <charconv>
 #include <optional>
 #include <set>
 #include <unordered_set>
 
-#include "amp/shadow.h"
-#include "autograd/autograd.h"
-#include "core/ops.h"
-#include "optim/step_util.h"
+#include <tapegrad/amp/shadow.h>
+#include <tapegrad/autograd/autograd.h>
+#include <tapegrad/core/ops.h>
+#include <tapegrad/optim/step_util.h>
 
 namespace tg::optim {
 

@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/error.h"
-#include "core/tensor.h"
+#include <tapegrad/core/error.h>
+#include <tapegrad/core/tensor.h>
 
 namespace tg::optim {
 

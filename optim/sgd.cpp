@@ -1,14 +1,14 @@
 // SGD: the CPU loop and the dispatch to the fused CUDA kernel, per group and
 // (device, dtype) bucket. torch.optim.SGD's update (see optim/update_math.h).
-#include "optim/sgd.h"
+#include <tapegrad/optim/sgd.h>
 
 #include <cmath>
 
-#include "core/ops.h"
-#include "optim/step_util.h"
-#include "optim/update_math.h"
+#include <tapegrad/core/ops.h>
+#include <tapegrad/optim/step_util.h>
+#include <tapegrad/optim/update_math.h>
 #if defined(TG_WITH_CUDA)
-#include "optim/cuda/fused.h"
+#include <tapegrad/optim/cuda/fused.h>
 #endif
 
 namespace tg::optim {

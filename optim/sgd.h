@@ -4,7 +4,7 @@
 #include <limits>
 #include <vector>
 
-#include "optim/optimizer.h"
+#include <tapegrad/optim/optimizer.h>
 
 namespace tg::optim {
 

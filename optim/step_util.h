@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <vector>
 
-#include "core/tensor.h"
-#include "optim/optimizer.h"
+#include <tapegrad/core/tensor.h>
+#include <tapegrad/optim/optimizer.h>
 
 namespace tg::optim::detail {
 

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <type_traits>
 
-#include "core/half.h"
+#include <tapegrad/core/half.h>
 
 namespace tg::optim::detail {
 

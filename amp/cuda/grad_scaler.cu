@@ -7,8 +7,8 @@
 #include <map>
 #include <vector>
 
-#include "amp/cuda/amp_kernels.h"
-#include "core/backend/cuda/multi_tensor.cuh"
+#include <tapegrad/amp/cuda/amp_kernels.h>
+#include <tapegrad/core/backend/cuda/multi_tensor.cuh>
 
 namespace tg::cuda::kern {
 int sm_count(int device);  // core/backend/cuda/reduce.cu

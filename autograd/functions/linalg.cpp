@@ -5,10 +5,10 @@
 #include <tuple>
 #include <vector>
 
-#include "amp/finite_witness.h"
-#include "amp/hook.h"
-#include "autograd/function.h"
-#include "core/trace.h"
+#include <tapegrad/amp/finite_witness.h>
+#include <tapegrad/amp/hook.h>
+#include <tapegrad/autograd/function.h>
+#include <tapegrad/core/trace.h>
 
 namespace tg {
 

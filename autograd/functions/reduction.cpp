@@ -3,9 +3,9 @@
 // broadcasts against the input again.
 #include <vector>
 
-#include "amp/hook.h"
-#include "autograd/function.h"
-#include "core/trace.h"
+#include <tapegrad/amp/hook.h>
+#include <tapegrad/autograd/function.h>
+#include <tapegrad/core/trace.h>
 
 namespace tg {
 

@@ -5,9 +5,9 @@
 #include <limits>
 #include <vector>
 
-#include "amp/hook.h"
-#include "autograd/function.h"
-#include "core/trace.h"
+#include <tapegrad/amp/hook.h>
+#include <tapegrad/autograd/function.h>
+#include <tapegrad/core/trace.h>
 
 namespace tg {
 

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/tensor.h"
+#include <tapegrad/core/dtype.h>
+#include <tapegrad/core/tensor.h>
 
 namespace tg::backend {
 

@@ -1,6 +1,6 @@
 // The host-only parts of run-time compiled kernels (core/backend/rtc_host.h), moved out of
 // core/backend/cuda/nvrtc.cpp unchanged so that every build compiles them.
-#include "core/backend/rtc_host.h"
+#include <tapegrad/core/backend/rtc_host.h>
 
 #include <algorithm>
 #include <cctype>
@@ -11,7 +11,7 @@
 #include <sstream>
 #include <utility>
 
-#include "core/error.h"
+#include <tapegrad/core/error.h>
 
 namespace tg::cuda::rtc_host {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.h"
+#include <tapegrad/core/dtype.h>
 
 namespace tg::cuda::rtc_host {
 

@@ -2,8 +2,8 @@
 // and device resolution.
 #include <algorithm>
 
-#include "core/cuda.h"
-#include "core/native.h"
+#include <tapegrad/core/cuda.h>
+#include <tapegrad/core/native.h>
 
 namespace tg {
 

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "core/native.h"
+#include <tapegrad/core/native.h>
 #ifdef TG_WITH_CUDA
-#include "core/backend/cuda/runtime.h"
+#include <tapegrad/core/backend/cuda/runtime.h>
 #endif
 
 namespace tg {

@@ -3,8 +3,8 @@
 #include <mutex>
 #include <vector>
 
-#include "core/native.h"
-#include "core/philox.h"
+#include <tapegrad/core/native.h>
+#include <tapegrad/core/philox.h>
 
 namespace tg::native {
 

@@ -2,9 +2,9 @@
 // index (a DataLoader batch), kMaxGatherRows contiguous tensors per launch.
 #include <algorithm>
 
-#include "core/native.h"
+#include <tapegrad/core/native.h>
 #ifdef TG_WITH_CUDA
-#include "core/backend/cuda/runtime.h"
+#include <tapegrad/core/backend/cuda/runtime.h>
 #endif
 
 namespace tg::native {

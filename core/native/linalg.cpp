@@ -7,7 +7,7 @@
 #include <optional>
 #include <utility>
 
-#include "core/native.h"
+#include <tapegrad/core/native.h>
 
 namespace tg {
 

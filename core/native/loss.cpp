@@ -1,7 +1,7 @@
 // Fused loss front-ends: mse_loss and its backward as one kernel each. The
 // public op (nn/loss.cpp) takes this path only for inputs it accepts as they
 // are (mse_loss_fusable) and keeps a composite of tg ops for the rest.
-#include "core/native.h"
+#include <tapegrad/core/native.h>
 
 namespace tg::native {
 

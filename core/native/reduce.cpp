@@ -1,6 +1,6 @@
 // Reduction front-ends: dim wrapping, output dtype and shape, keepdim; and
 // sum_to, the one place a broadcast gradient is summed back to its input shape.
-#include "core/native.h"
+#include <tapegrad/core/native.h>
 
 namespace tg::native {
 using backend::ReduceOp;

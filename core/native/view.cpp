@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <optional>
 
-#include "core/native.h"
+#include <tapegrad/core/native.h>
 #ifdef TG_WITH_CUDA
-#include "core/backend/cuda/runtime.h"
+#include <tapegrad/core/backend/cuda/runtime.h>
 #endif
 
 namespace tg::native {

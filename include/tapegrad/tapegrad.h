@@ -1,34 +1,34 @@
 // The umbrella header: everything in tapegrad's public API, namespace tg.
 #pragma once
-#include "core/cuda.h"
-#include "core/cuda_graph.h"
-#include "core/cuda_rtc.h"
-#include "core/device.h"
-#include "core/dlpack.h"
-#include "core/dtype.h"
-#include "core/error.h"
-#include "core/ops.h"
-#include "core/shape.h"
-#include "core/tensor.h"
-#include "core/tensor_options.h"
-#if __has_include("autograd/autograd.h")
-#include "autograd/autograd.h"
+#include <tapegrad/core/cuda.h>
+#include <tapegrad/core/cuda_graph.h>
+#include <tapegrad/core/cuda_rtc.h>
+#include <tapegrad/core/device.h>
+#include <tapegrad/core/dlpack.h>
+#include <tapegrad/core/dtype.h>
+#include <tapegrad/core/error.h>
+#include <tapegrad/core/ops.h>
+#include <tapegrad/core/shape.h>
+#include <tapegrad/core/tensor.h>
+#include <tapegrad/core/tensor_options.h>
+#if __has_include(<tapegrad/autograd/autograd.h>)
+#include <tapegrad/autograd/autograd.h>
 #endif
-#if __has_include("autograd/custom_function.h")
-#include "autograd/custom_function.h"
+#if __has_include(<tapegrad/autograd/custom_function.h>)
+#include <tapegrad/autograd/custom_function.h>
 #endif
-#if __has_include("nn/nn.h")
-#include "nn/nn.h"
+#if __has_include(<tapegrad/nn/nn.h>)
+#include <tapegrad/nn/nn.h>
 #endif
-#if __has_include("optim/optim.h")
-#include "optim/optim.h"
+#if __has_include(<tapegrad/optim/optim.h>)
+#include <tapegrad/optim/optim.h>
 #endif
-#if __has_include("data/data.h")
-#include "data/data.h"
+#if __has_include(<tapegrad/data/data.h>)
+#include <tapegrad/data/data.h>
 #endif
-#if __has_include("export/export.h")
-#include "export/export.h"
+#if __has_include(<tapegrad/export/export.h>)
+#include <tapegrad/export/export.h>
 #endif
-#if __has_include("amp/amp.h")
-#include "amp/amp.h"
+#if __has_include(<tapegrad/amp/amp.h>)
+#include <tapegrad/amp/amp.h>
 #endif

@@ -5,9 +5,9 @@
 #include <memory>
 #include <vector>
 
-#include "core/tensor.h"
-#include "optim/optimizer.h"
-#include "optim/update_math.h"
+#include <tapegrad/core/tensor.h>
+#include <tapegrad/optim/optimizer.h>
+#include <tapegrad/optim/update_math.h>
 
 namespace tg::optim::cuda {
 

@@ -7,9 +7,9 @@
 #include <memory>
 #include <vector>
 
-#include "core/backend/cuda/multi_tensor.cuh"
-#include "optim/cuda/fused.h"
-#include "optim/cuda/step_count.cuh"
+#include <tapegrad/core/backend/cuda/multi_tensor.cuh>
+#include <tapegrad/optim/cuda/fused.h>
+#include <tapegrad/optim/cuda/step_count.cuh>
 
 namespace tg::optim::cuda {
 namespace {

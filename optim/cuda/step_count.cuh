@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
-#include "core/backend/cuda/multi_tensor.cuh"
-#include "core/ops.h"
-#include "core/tensor.h"
-#include "optim/optimizer.h"
+#include <tapegrad/core/backend/cuda/multi_tensor.cuh>
+#include <tapegrad/core/ops.h>
+#include <tapegrad/core/tensor.h>
+#include <tapegrad/optim/optimizer.h>
 
 namespace tg::optim::cuda {
 

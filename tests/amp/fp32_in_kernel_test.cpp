@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "core/native.h"
-#include "core/trace.h"
+#include <tapegrad/core/native.h>
+#include <tapegrad/core/trace.h>
 #include "tests/autograd/common.h"
 
 namespace tg::testing {

@@ -14,7 +14,7 @@
 
 #include <tapegrad/tapegrad.h>
 
-#include "amp/finite_witness.h"
+#include <tapegrad/amp/finite_witness.h>
 
 namespace tg::testing {
 namespace {

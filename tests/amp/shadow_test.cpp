@@ -14,7 +14,7 @@
 
 #include <tapegrad/tapegrad.h>
 
-#include "amp/shadow.h"
+#include <tapegrad/amp/shadow.h>
 
 namespace tg::testing {
 namespace {

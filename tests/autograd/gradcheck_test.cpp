@@ -3,7 +3,7 @@
 #include <sstream>
 #include <vector>
 
-#include "autograd/function.h"
+#include <tapegrad/autograd/function.h>
 #include "tests/autograd/common.h"
 
 namespace tg::testing {

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "core/native.h"
-#include "core/reference.h"
+#include <tapegrad/core/native.h>
+#include <tapegrad/core/reference.h>
 #include "tests/autograd/common.h"
 
 namespace tg::testing {

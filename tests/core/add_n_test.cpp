@@ -5,7 +5,7 @@
 #include <cmath>
 #include <tapegrad/tapegrad.h>
 
-#include "core/native.h"
+#include <tapegrad/core/native.h>
 
 namespace {
 

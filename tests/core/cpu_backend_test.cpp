@@ -19,9 +19,9 @@
 
 #include <tapegrad/tapegrad.h>
 
-#include "core/backend/backend.h"
-#include "core/backend/cpu/cpu.h"
-#include "core/philox.h"
+#include <tapegrad/core/backend/backend.h>
+#include <tapegrad/core/backend/cpu/cpu.h>
+#include <tapegrad/core/philox.h>
 
 namespace {
 

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda.h"
-#include "core/ops.h"
-#include "core/tensor.h"
+#include <tapegrad/core/cuda.h>
+#include <tapegrad/core/ops.h>
+#include <tapegrad/core/tensor.h>
 
 namespace {
 

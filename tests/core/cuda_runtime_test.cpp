@@ -14,13 +14,13 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda.h"
-#include "core/error.h"
-#include "core/half.h"
+#include <tapegrad/core/cuda.h>
+#include <tapegrad/core/error.h>
+#include <tapegrad/core/half.h>
 
 #ifdef TG_WITH_CUDA
-#include "core/backend/cuda/blas.h"
-#include "core/backend/cuda/runtime.h"
+#include <tapegrad/core/backend/cuda/blas.h>
+#include <tapegrad/core/backend/cuda/runtime.h>
 #endif
 
 namespace {

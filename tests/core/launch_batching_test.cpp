@@ -18,8 +18,8 @@
 #ifdef TG_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "core/backend/cuda/launch_queue.h"
-#include "core/backend/cuda/runtime.h"
+#include <tapegrad/core/backend/cuda/launch_queue.h>
+#include <tapegrad/core/backend/cuda/runtime.h>
 #endif
 
 namespace tg::testing {

@@ -6,7 +6,7 @@
 
 #include <tapegrad/tapegrad.h>
 
-#include "core/backend/cpu/thread_pool.h"
+#include <tapegrad/core/backend/cpu/thread_pool.h>
 
 #include <atomic>
 #include <cstdint>

@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/backend/backend.h"
-#include "core/native.h"
+#include <tapegrad/core/backend/backend.h>
+#include <tapegrad/core/native.h>
 
 namespace {
 

@@ -2,7 +2,7 @@
 // calls it before anything else): three lines of the fuzz bytes are in_params, out_params
 // and the kernel name. An accepted signature must satisfy what the code generator relies on.
 #include "common.h"
-#include "core/backend/rtc_host.h"
+#include <tapegrad/core/backend/rtc_host.h>
 
 namespace rh = tg::cuda::rtc_host;
 

@@ -9,7 +9,7 @@
 // than kMaxNumel elements. Sizes whose byte count overflows are kept: the library must refuse
 // those itself with a tg::Error.
 #include "common.h"
-#include "export/program.h"
+#include <tapegrad/export/program.h>
 
 namespace {
 

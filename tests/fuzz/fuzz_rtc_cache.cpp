@@ -2,7 +2,7 @@
 // core/backend/cuda/nvrtc.cpp): a file's bytes read for a fixed key. A decoded entry must
 // encode to bytes that decode to the same entry.
 #include "common.h"
-#include "core/backend/rtc_host.h"
+#include <tapegrad/core/backend/rtc_host.h>
 
 namespace rh = tg::cuda::rtc_host;
 using tg_fuzz::kTgFuzzRtcKey;

@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include "common.h"
-#include "core/backend/rtc_host.h"
+#include <tapegrad/core/backend/rtc_host.h>
 
 namespace fs = std::filesystem;
 using namespace tg;

@@ -1,6 +1,14 @@
 // Consumer smoke test: includes the installed umbrella header, makes two tensors,
-// adds them and checks the values on the host. Exit status 0 on success.
+// adds them and checks the values on the host. Exit status 0 on success. The project has its
+// own core/tensor.h, data/dataset.h and nn/module.h on its include path, included before and
+// after tapegrad's: tapegrad's headers must never resolve to them.
+#include "nn/module.h"
+
+#include <tapegrad/nn/module.h>
 #include <tapegrad/tapegrad.h>
+
+#include "core/tensor.h"
+#include "data/dataset.h"
 
 #include <cstdio>
 #include <iostream>
@@ -19,6 +27,11 @@ int main() {
         std::fprintf(stderr, "consumer: element %zu is %g, expected %zu\n", i, v[i], i + 2);
         return 1;
       }
+    }
+    user::Dataset d;
+    if (user::module_size(d) != static_cast<int>(c.numel())) {
+      std::fprintf(stderr, "consumer: the user's own headers were not the ones included\n");
+      return 1;
     }
     std::puts("consumer: OK");
     return 0;

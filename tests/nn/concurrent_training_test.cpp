@@ -7,8 +7,8 @@
 
 #include <tapegrad/tapegrad.h>
 
-#include "optim/adam.h"
-#include "optim/sgd.h"
+#include <tapegrad/optim/adam.h>
+#include <tapegrad/optim/sgd.h>
 
 #include <cstdint>
 #include <memory>

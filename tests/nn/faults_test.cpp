@@ -6,9 +6,9 @@
 
 #include <tapegrad/tapegrad.h>
 
-#include "core/backend/cpu/cpu.h"
-#include "optim/adam.h"
-#include "optim/sgd.h"
+#include <tapegrad/core/backend/cpu/cpu.h>
+#include <tapegrad/optim/adam.h>
+#include <tapegrad/optim/sgd.h>
 
 #include <dirent.h>
 #include <grp.h>

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/backend/backend.h"
+#include <tapegrad/core/backend/backend.h>
 
 namespace {
 

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "core/backend/backend.h"
-#include "core/native.h"
-#include "core/reference.h"
-#include "core/trace.h"
+#include <tapegrad/core/backend/backend.h>
+#include <tapegrad/core/native.h>
+#include <tapegrad/core/reference.h>
+#include <tapegrad/core/trace.h>
 
 namespace {
 

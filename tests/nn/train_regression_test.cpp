@@ -7,7 +7,7 @@
 
 #include <tapegrad/tapegrad.h>
 
-#include "optim/adam.h"
+#include <tapegrad/optim/adam.h>
 
 #include <cmath>
 

@@ -13,7 +13,7 @@
 
 #include <tapegrad/tapegrad.h>
 
-#include "optim/optim.h"
+#include <tapegrad/optim/optim.h>
 
 namespace tg::testing {
 

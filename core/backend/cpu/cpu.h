@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/backend/backend.h"
-#include "core/storage.h"
+#include <tapegrad/core/backend/backend.h>
+#include <tapegrad/core/storage.h>
 
 namespace tg::cpu {
 

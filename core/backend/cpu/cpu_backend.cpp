@@ -1,6 +1,6 @@
 // CpuBackend: the CPU row of the kernel table (core/backend/backend.h). Each
 // entry forwards to the kernels in this folder.
-#include "core/backend/cpu/cpu.h"
+#include <tapegrad/core/backend/cpu/cpu.h>
 
 namespace tg::cpu {
 

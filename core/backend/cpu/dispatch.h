@@ -4,10 +4,10 @@
 #pragma once
 #include <utility>
 
-#include "core/backend/backend.h"
-#include "core/backend/cpu/cpu.h"
-#include "core/backend/cpu/loops.h"
-#include "core/error.h"
+#include <tapegrad/core/backend/backend.h>
+#include <tapegrad/core/backend/cpu/cpu.h>
+#include <tapegrad/core/backend/cpu/loops.h>
+#include <tapegrad/core/error.h>
 
 namespace tg::cpu {
 

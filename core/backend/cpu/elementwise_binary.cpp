@@ -2,7 +2,7 @@
 // comparisons, the fused backward helpers and where.
 #include <cmath>
 
-#include "core/backend/cpu/dispatch.h"
+#include <tapegrad/core/backend/cpu/dispatch.h>
 
 namespace tg::cpu {
 

@@ -5,7 +5,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "core/backend/cpu/dispatch.h"
+#include <tapegrad/core/backend/cpu/dispatch.h>
 
 namespace tg::cpu {
 

@@ -2,7 +2,7 @@
 // arithmetic, scalar comparisons). Half / bfloat16 compute in float.
 #include <cmath>
 
-#include "core/backend/cpu/dispatch.h"
+#include <tapegrad/core/backend/cpu/dispatch.h>
 
 namespace tg::cpu {
 

@@ -9,9 +9,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/backend/cpu/cpu.h"
-#include "core/error.h"
-#include "core/shape.h"
+#include <tapegrad/core/backend/cpu/cpu.h>
+#include <tapegrad/core/error.h>
+#include <tapegrad/core/shape.h>
 
 namespace tg::cpu {
 namespace {

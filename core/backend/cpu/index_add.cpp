@@ -1,9 +1,9 @@
 // CPU index_add: out[o, index[j], i] += src[o, j, i] over contiguous [outer, n, inner]
 // views. Parallel over outer*inner columns, serial over j, so repeated indices never race.
-#include "core/backend/cpu/cpu.h"
-#include "core/backend/cpu/thread_pool.h"
-#include "core/dtype.h"
-#include "core/error.h"
+#include <tapegrad/core/backend/cpu/cpu.h>
+#include <tapegrad/core/backend/cpu/thread_pool.h>
+#include <tapegrad/core/dtype.h>
+#include <tapegrad/core/error.h>
 
 #include <vector>
 

@@ -10,9 +10,9 @@
 #include <type_traits>
 #include <utility>
 
-#include "core/backend/backend.h"
-#include "core/backend/cpu/cpu.h"
-#include "core/backend/cpu/thread_pool.h"
+#include <tapegrad/core/backend/backend.h>
+#include <tapegrad/core/backend/cpu/cpu.h>
+#include <tapegrad/core/backend/cpu/thread_pool.h>
 
 namespace tg::cpu {
 

@@ -5,11 +5,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/backend/cpu/cpu.h"
-#include "core/backend/cpu/dispatch.h"
-#include "core/backend/cpu/loops.h"
-#include "core/backend/cpu/thread_pool.h"
-#include "core/error.h"
+#include <tapegrad/core/backend/cpu/cpu.h>
+#include <tapegrad/core/backend/cpu/dispatch.h>
+#include <tapegrad/core/backend/cpu/loops.h>
+#include <tapegrad/core/backend/cpu/thread_pool.h>
+#include <tapegrad/core/error.h>
 
 namespace tg::cpu {
 

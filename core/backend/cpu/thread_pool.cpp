@@ -3,7 +3,7 @@
 // it wakes, so the caller never idles and several external threads can run
 // parallel_for at the same time. The first exception thrown by a chunk is
 // rethrown on the caller once every chunk has finished.
-#include "core/backend/cpu/thread_pool.h"
+#include <tapegrad/core/backend/cpu/thread_pool.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/error.h"
+#include <tapegrad/core/error.h>
 
 namespace tg::cpu {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "core/ops.h"
+#include <tapegrad/core/ops.h>
 
 namespace tg::cpu {
 

@@ -1,12 +1,12 @@
 // CudaBackend: the CUDA row of the backend kernel table. Each call makes the
 // operands' device current and forwards to the kernel units (kernels.cuh), which
 // launch on that device's current stream and never synchronise the host.
-#include "core/backend/backend.h"
-#include "core/backend/cuda/blas.h"
-#include "core/backend/cuda/elementwise_ops.cuh"
-#include "core/backend/cuda/kernels.cuh"
-#include "core/backend/cuda/launch_queue.h"
-#include "core/backend/cuda/runtime.h"
+#include <tapegrad/core/backend/backend.h>
+#include <tapegrad/core/backend/cuda/blas.h>
+#include <tapegrad/core/backend/cuda/elementwise_ops.cuh>
+#include <tapegrad/core/backend/cuda/kernels.cuh>
+#include <tapegrad/core/backend/cuda/launch_queue.h>
+#include <tapegrad/core/backend/cuda/runtime.h>
 
 namespace tg::cuda::kern {
 

@@ -3,7 +3,7 @@
 // libraries get (B, A) with m and n swapped, so no data is ever transposed.
 // float32 goes to cublasGemmEx, float64 to cublasDgemm; float16 / bfloat16, a float32 C
 // from half operands, and every fused epilogue (bias, bias gradient) go to cuBLASLt.
-#include "core/backend/cuda/blas.h"
+#include <tapegrad/core/backend/cuda/blas.h>
 
 #include <array>
 #include <climits>
@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
-#include "core/backend/cuda/done_counters.h"
-#include "core/backend/cuda/runtime.h"
-#include "core/cuda.h"
-#include "core/ops.h"
+#include <tapegrad/core/backend/cuda/done_counters.h>
+#include <tapegrad/core/backend/cuda/runtime.h>
+#include <tapegrad/core/cuda.h>
+#include <tapegrad/core/ops.h>
 
 namespace tg::cuda::detail {
 namespace {

@@ -2,7 +2,7 @@
 // cuBLASLt for float16/bfloat16, float32 results of half operands and fused epilogues). Row-major GemmArgs are mapped
 // onto the column-major libraries here; callers pass validated arguments.
 #pragma once
-#include "core/backend/backend.h"
+#include <tapegrad/core/backend/backend.h>
 
 namespace tg::cuda::detail {
 

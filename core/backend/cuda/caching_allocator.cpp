@@ -27,10 +27,10 @@
 #include <set>
 #include <vector>
 
-#include "core/backend/cuda/launch_queue.h"
-#include "core/backend/cuda/runtime.h"
-#include "core/cuda.h"
-#include "core/shape.h"
+#include <tapegrad/core/backend/cuda/launch_queue.h>
+#include <tapegrad/core/backend/cuda/runtime.h>
+#include <tapegrad/core/cuda.h>
+#include <tapegrad/core/shape.h>
 
 namespace tg::cuda {
 namespace detail {

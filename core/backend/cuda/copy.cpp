@@ -13,9 +13,9 @@
 #include <mutex>
 #include <vector>
 
-#include "core/backend/cuda/runtime.h"
-#include "core/cuda.h"
-#include "core/ops.h"
+#include <tapegrad/core/backend/cuda/runtime.h>
+#include <tapegrad/core/cuda.h>
+#include <tapegrad/core/ops.h>
 
 namespace tg::cuda::detail {
 namespace {

@@ -2,7 +2,7 @@
 // instantiation and replay, with a graph-private memory pool in the caching
 // allocator and an arena of "blocks done" counters (done_counters.h), both living
 // exactly as long as the captured graph.
-#include "core/cuda_graph.h"
+#include <tapegrad/core/cuda_graph.h>
 
 #include <cuda_runtime_api.h>
 
@@ -15,11 +15,11 @@
 #include <thread>
 #include <utility>
 
-#include "core/backend/cuda/done_counters.h"
-#include "core/backend/cuda/launch_queue.h"
-#include "core/backend/cuda/runtime.h"
-#include "core/cuda.h"
-#include "core/error.h"
+#include <tapegrad/core/backend/cuda/done_counters.h>
+#include <tapegrad/core/backend/cuda/launch_queue.h>
+#include <tapegrad/core/backend/cuda/runtime.h>
+#include <tapegrad/core/cuda.h>
+#include <tapegrad/core/error.h>
 
 namespace tg::cuda {
 namespace {

@@ -1,12 +1,12 @@
 // The "blocks done" counters of done_counters.h.
-#include "core/backend/cuda/done_counters.h"
+#include <tapegrad/core/backend/cuda/done_counters.h>
 
 #include <map>
 #include <memory>
 #include <mutex>
 #include <utility>
 
-#include "core/backend/cuda/runtime.h"
+#include <tapegrad/core/backend/cuda/runtime.h>
 
 namespace tg::cuda::detail {
 namespace {

@@ -4,7 +4,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
-#include "core/storage.h"
+#include <tapegrad/core/storage.h>
 
 namespace tg::cuda::detail {
 

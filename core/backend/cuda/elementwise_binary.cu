@@ -1,5 +1,5 @@
 // Binary elementwise ops (arithmetic and the fused backward helpers) on CUDA.
-#include "core/backend/cuda/elementwise_ops.cuh"
+#include <tapegrad/core/backend/cuda/elementwise_ops.cuh>
 
 namespace tg::cuda::kern {
 

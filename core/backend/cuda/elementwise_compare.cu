@@ -1,5 +1,5 @@
 // Comparisons (tensor-tensor and tensor-scalar, bool output) and where on CUDA.
-#include "core/backend/cuda/elementwise_ops.cuh"
+#include <tapegrad/core/backend/cuda/elementwise_ops.cuh>
 
 namespace tg::cuda::kern {
 

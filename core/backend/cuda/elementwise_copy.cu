@@ -1,5 +1,5 @@
 // Copy (conversion between any two dtypes, any strides) and Fill on CUDA.
-#include "core/backend/cuda/elementwise_ops.cuh"
+#include <tapegrad/core/backend/cuda/elementwise_ops.cuh>
 
 namespace tg::cuda::kern {
 

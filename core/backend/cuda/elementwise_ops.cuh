@@ -3,7 +3,7 @@
 #pragma once
 #include <cmath>
 
-#include "core/backend/cuda/loops.cuh"
+#include <tapegrad/core/backend/cuda/loops.cuh>
 
 namespace tg::cuda::kern {
 

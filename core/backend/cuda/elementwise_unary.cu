@@ -1,5 +1,5 @@
 // Unary elementwise ops (math and tensor-scalar arithmetic) on CUDA.
-#include "core/backend/cuda/elementwise_ops.cuh"
+#include <tapegrad/core/backend/cuda/elementwise_ops.cuh>
 
 namespace tg::cuda::kern {
 

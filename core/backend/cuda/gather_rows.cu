@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "core/backend/cuda/kernels.cuh"
-#include "core/backend/cuda/loops.cuh"
+#include <tapegrad/core/backend/cuda/kernels.cuh>
+#include <tapegrad/core/backend/cuda/loops.cuh>
 
 namespace tg::cuda::kern {
 namespace {

@@ -19,10 +19,10 @@
 #include <mutex>
 #include <vector>
 
-#include "core/backend/cpu/cpu.h"
-#include "core/backend/cuda/runtime.h"
-#include "core/cuda.h"
-#include "core/shape.h"
+#include <tapegrad/core/backend/cpu/cpu.h>
+#include <tapegrad/core/backend/cuda/runtime.h>
+#include <tapegrad/core/cuda.h>
+#include <tapegrad/core/shape.h>
 
 namespace tg::cuda::detail {
 namespace {

@@ -3,7 +3,7 @@
 #pragma once
 #include <cstdint>
 
-#include "core/backend/backend.h"
+#include <tapegrad/core/backend/backend.h>
 
 namespace tg::cuda::kern {
 

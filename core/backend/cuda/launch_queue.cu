@@ -1,5 +1,5 @@
 // The deferred launch queue of launch_queue.h and the cached chain graphs that replay it.
-#include "core/backend/cuda/launch_queue.h"
+#include <tapegrad/core/backend/cuda/launch_queue.h>
 
 #include <array>
 #include <cstdlib>
@@ -7,8 +7,8 @@
 #include <exception>
 #include <mutex>
 
-#include "core/backend/cuda/runtime.h"
-#include "core/error.h"
+#include <tapegrad/core/backend/cuda/runtime.h>
+#include <tapegrad/core/error.h>
 
 namespace tg::cuda::detail {
 

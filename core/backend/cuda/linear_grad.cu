@@ -12,10 +12,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/backend/cuda/done_counters.h"
-#include "core/backend/cuda/kernels.cuh"
-#include "core/backend/cuda/loops.cuh"
-#include "core/backend/cuda/reduce.cuh"
+#include <tapegrad/core/backend/cuda/done_counters.h>
+#include <tapegrad/core/backend/cuda/kernels.cuh>
+#include <tapegrad/core/backend/cuda/loops.cuh>
+#include <tapegrad/core/backend/cuda/reduce.cuh>
 
 namespace tg::cuda::kern {
 namespace {

@@ -17,10 +17,10 @@
 #include <type_traits>
 #include <utility>
 
-#include "core/backend/backend.h"
-#include "core/backend/cuda/launch_queue.h"
-#include "core/backend/cuda/opmath.cuh"
-#include "core/backend/cuda/runtime.h"
+#include <tapegrad/core/backend/backend.h>
+#include <tapegrad/core/backend/cuda/launch_queue.h>
+#include <tapegrad/core/backend/cuda/opmath.cuh>
+#include <tapegrad/core/backend/cuda/runtime.h>
 
 namespace tg::cuda::kern {
 

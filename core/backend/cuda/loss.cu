@@ -9,10 +9,10 @@
 #include <type_traits>
 #include <utility>
 
-#include "core/backend/cuda/done_counters.h"
-#include "core/backend/cuda/kernels.cuh"
-#include "core/backend/cuda/loops.cuh"
-#include "core/backend/cuda/reduce.cuh"
+#include <tapegrad/core/backend/cuda/done_counters.h>
+#include <tapegrad/core/backend/cuda/kernels.cuh>
+#include <tapegrad/core/backend/cuda/loops.cuh>
+#include <tapegrad/core/backend/cuda/reduce.cuh>
 
 namespace tg::cuda::kern {
 namespace {

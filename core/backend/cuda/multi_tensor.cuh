@@ -29,10 +29,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/backend/cuda/launch_queue.h"
-#include "core/backend/cuda/opmath.cuh"
-#include "core/backend/cuda/runtime.h"
-#include "core/dtype.h"
+#include <tapegrad/core/backend/cuda/launch_queue.h>
+#include <tapegrad/core/backend/cuda/opmath.cuh>
+#include <tapegrad/core/backend/cuda/runtime.h>
+#include <tapegrad/core/dtype.h>
 
 namespace tg::cuda::mt {
 

@@ -26,11 +26,11 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "core/backend/cuda/runtime.h"
-#include "core/backend/rtc_host.h"
-#include "core/cuda.h"
-#include "core/cuda_rtc.h"
-#include "core/native.h"
+#include <tapegrad/core/backend/cuda/runtime.h>
+#include <tapegrad/core/backend/rtc_host.h>
+#include <tapegrad/core/cuda.h>
+#include <tapegrad/core/cuda_rtc.h>
+#include <tapegrad/core/native.h>
 
 #ifndef TG_CUDA_INCLUDE_DIRS
 #define TG_CUDA_INCLUDE_DIRS ""

@@ -4,9 +4,9 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <type_traits>
 
-#include "core/backend/cuda/kernels.cuh"
-#include "core/backend/cuda/loops.cuh"
-#include "core/philox.h"
+#include <tapegrad/core/backend/cuda/kernels.cuh>
+#include <tapegrad/core/backend/cuda/loops.cuh>
+#include <tapegrad/core/philox.h>
 
 namespace tg::cuda::kern {
 namespace {

@@ -5,8 +5,8 @@
 #include <mutex>
 #include <vector>
 
-#include "core/backend/cuda/kernels.cuh"
-#include "core/backend/cuda/reduce.cuh"
+#include <tapegrad/core/backend/cuda/kernels.cuh>
+#include <tapegrad/core/backend/cuda/reduce.cuh>
 
 namespace tg::cuda::kern {
 

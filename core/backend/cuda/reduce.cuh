@@ -14,9 +14,9 @@
 #include <cstring>
 #include <limits>
 
-#include "core/backend/backend.h"
-#include "core/backend/cuda/elementwise_ops.cuh"
-#include "core/backend/cuda/runtime.h"
+#include <tapegrad/core/backend/backend.h>
+#include <tapegrad/core/backend/cuda/elementwise_ops.cuh>
+#include <tapegrad/core/backend/cuda/runtime.h>
 
 namespace tg::cuda::kern {
 

@@ -1,5 +1,5 @@
 // CUDA Max / Min / ArgMax reductions (a separate unit so it compiles in parallel).
-#include "core/backend/cuda/reduce.cuh"
+#include <tapegrad/core/backend/cuda/reduce.cuh>
 
 namespace tg::cuda::kern {
 

@@ -1,14 +1,14 @@
 // The CUDA runtime layer: checked-call errors, device guards, the per-thread
 // current stream of each device, and the public tg::cuda API of core/cuda.h
 // (devices, streams, events). The allocator counters live in caching_allocator.cpp.
-#include "core/backend/cuda/runtime.h"
+#include <tapegrad/core/backend/cuda/runtime.h>
 
 #include <array>
 #include <cstring>
 #include <utility>
 
-#include "core/backend/cuda/launch_queue.h"
-#include "core/cuda.h"
+#include <tapegrad/core/backend/cuda/launch_queue.h>
+#include <tapegrad/core/cuda.h>
 
 namespace tg::cuda {
 namespace detail {

@@ -11,8 +11,8 @@
 #include <memory>
 #include <string>
 
-#include "core/error.h"
-#include "core/storage.h"
+#include <tapegrad/core/error.h>
+#include <tapegrad/core/storage.h>
 
 namespace tg::cuda::detail {
 

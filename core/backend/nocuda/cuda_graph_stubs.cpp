@@ -1,8 +1,8 @@
 // tg::cuda::Graph in a build without CUDA (TG_CUDA=OFF): constructing and
 // destroying one works; capturing or replaying throws tg::Error.
-#include "core/cuda_graph.h"
+#include <tapegrad/core/cuda_graph.h>
 
-#include "core/error.h"
+#include <tapegrad/core/error.h>
 
 namespace tg::cuda {
 

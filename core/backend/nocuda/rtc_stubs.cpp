@@ -1,5 +1,5 @@
 // Run-time compiled kernels in a build without CUDA: constructing one throws.
-#include "core/cuda_rtc.h"
+#include <tapegrad/core/cuda_rtc.h>
 
 namespace tg::cuda {
 

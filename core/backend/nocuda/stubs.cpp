@@ -1,8 +1,8 @@
 // The tg::cuda API when tapegrad is built without CUDA (TG_CUDA=OFF): queries
 // answer "no GPU", memory counters are 0, and everything that needs a GPU throws.
-#include "core/backend/backend.h"
-#include "core/cuda.h"
-#include "core/error.h"
+#include <tapegrad/core/backend/backend.h>
+#include <tapegrad/core/cuda.h>
+#include <tapegrad/core/error.h>
 
 namespace tg {
 namespace backend {
