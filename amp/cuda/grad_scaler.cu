@@ -72,7 +72,6 @@ void non_finite_check_and_unscale(const std::vector<Tensor>& grads, const Tensor
   if (grads.empty()) return;
   const int device = found_inf.device().index();
   ::tg::cuda::detail::DeviceGuard guard(device);
-  ::tg::cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
   cudaStream_t stream = ::tg::cuda::detail::current_stream_handle(device);
   std::map<DType, std::vector<mt::TensorListEntry<1>>> by_dtype;
   for (const Tensor& g : grads) {
@@ -86,7 +85,7 @@ void non_finite_check_and_unscale(const std::vector<Tensor>& grads, const Tensor
   const float* scale_ptr = scale.defined() ? static_cast<const float*>(scale.data_ptr()) : nullptr;
   for (auto& [dtype, entries] : by_dtype) {
     // Chunks small enough that a few MB (the float16 operands standing in for a weight
-    // gradient, amp/finite_witness.h) still spread over every SM: ~2 blocks per SM, a chunk
+    // gradient, core/finite_proxy.h) still spread over every SM: ~2 blocks per SM, a chunk
     // of 2048 to 65536 elements. Plans are a few hundred bytes of host work; the gradients
     // are new tensors every iteration, so there is little to gain from caching them.
     int64_t total = 0;
@@ -114,7 +113,6 @@ void update_scale(const Tensor& scale, const Tensor& growth_tracker, const std::
   for (size_t i = 0; i < found_infs.size(); ++i) found.ptr[i] = static_cast<float*>(found_infs[i].data_ptr());
   const int device = scale.device().index();
   ::tg::cuda::detail::DeviceGuard guard(device);
-  ::tg::cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
   cudaStream_t stream = ::tg::cuda::detail::current_stream_handle(device);
   update_scale_kernel<<<1, 1, 0, stream>>>(static_cast<float*>(scale.data_ptr()),
                                            static_cast<int32_t*>(growth_tracker.data_ptr()), found, growth_factor,

@@ -3,7 +3,7 @@
 // launches use to advance the per-parameter step counts in their own epilogue
 // (mt::advance_counts_when_done): a step is one launch per plan launch, with no
 // separate launch for the counts. Also the dispatch over the dtype of the
-// low-precision shadow copies a step may write (amp/shadow.h).
+// low-precision shadow copies a step may write (core/cast_copies.h).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -95,7 +95,6 @@ void launch_fused_step(std::unique_ptr<FusedCache>& cache, const Tensor& param0,
                        const float* found_inf, Make make) {
   const Device device = param0.device();
   ::tg::cuda::detail::DeviceGuard guard(device.index());
-  ::tg::cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
   cudaStream_t stream = ::tg::cuda::detail::current_stream_handle(device.index());
   FusedStepCache& c = step_cache(cache, device);
   const auto& plan = c.plan<kDepth>(std::move(entries));

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <tapegrad/core/native.h>
-#include <tapegrad/core/reference.h>
+#include "core/reference.h"
 #include "tests/autograd/common.h"
 
 namespace tg::testing {

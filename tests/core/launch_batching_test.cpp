@@ -20,6 +20,8 @@
 
 #include <tapegrad/core/backend/cuda/launch_queue.h>
 #include <tapegrad/core/backend/cuda/runtime.h>
+
+#include "core/queue_unaware_op.h"
 #endif
 
 namespace tg::testing {
@@ -50,6 +52,36 @@ TEST(LaunchBatching, DependentRunsOfEveryLengthAreExact) {
     const std::vector<float> v = host(y);
     for (float e : v) ASSERT_EQ(e, static_cast<float>(n + 1)) << "run of " << n << " adds";
     EXPECT_FALSE(pending());
+  }
+}
+
+// The queue's correctness is local: an op that knows nothing of it (it takes the stream handle,
+// runs tiny elementwise steps, then launches its own kernel and a cuBLAS gemm on that handle)
+// is exact with batching on, in a loop between deferred top-level work.
+TEST(LaunchBatching, OpUnawareOfTheQueueIsExact) {
+  TG_SKIP_WITHOUT_CUDA();
+  if (!cd::launch_batching_enabled()) GTEST_SKIP() << "launch batching is off (TG_LAUNCH_BATCHING=0)";
+  manual_seed(11);
+  const int64_t m = 7, k = 5, n = 3;
+  Tensor x_cpu = rand({m, k}), w_cpu = rand({k, n});
+  // The reference in double: ((x * 2 + 1) + 1) @ w.
+  const std::vector<float> xv = x_cpu.to_vector<float>(), wv = w_cpu.to_vector<float>();
+  std::vector<double> want(static_cast<size_t>(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = 0; p < k; ++p)
+        want[i * n + j] += (2.0 * xv[i * k + p] + 2.0) * wv[p * n + j];
+  Tensor x = x_cpu.to(kCUDA), w = w_cpu.to(kCUDA);
+  for (int rep = 0; rep < 20; ++rep) {
+    Tensor before = x + 0.0;  // deferred top-level work ahead of the op
+    for (int i = 0; i < 3; ++i) before = before * 1.0;
+    expect_pending(true);
+    Tensor out = zeros({m, n}, kCUDA);
+    queue_unaware_op(before, w, out);
+    Tensor after = out * 1.0 + 0.0;  // and behind it
+    const std::vector<float> got = host(after);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-5 * (1.0 + std::abs(want[i]))) << "element " << i << ", repeat " << rep;
   }
 }
 

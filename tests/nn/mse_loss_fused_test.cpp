@@ -15,7 +15,7 @@
 
 #include <tapegrad/core/backend/backend.h>
 #include <tapegrad/core/native.h>
-#include <tapegrad/core/reference.h>
+#include "core/reference.h"
 #include <tapegrad/core/trace.h>
 
 namespace {

@@ -24,85 +24,72 @@ namespace {
 
 int device_of(const Tensor& t) { return t.device().index() < 0 ? 0 : t.device().index(); }
 
-// Every op but elementwise keeps its own elementwise steps out of the launch queue
-// (NoDeferScope): it may launch on a stream handle taken before them.
+// Each op's DeviceGuard also marks the thread as inside a CUDA op, so that the elementwise
+// steps an op runs itself are launched at once (launch_queue.h); only an elementwise op
+// called from outside every other op may be deferred.
 class CudaBackend final : public Backend {
  public:
   void elementwise(ElemOp op, const ElementwiseIter& it) override {
     if (it.numel == 0) return;
+    cuda::detail::ElementwiseDeferScope defer;  // before the guard: is this op the outermost?
     cuda::detail::DeviceGuard guard(it.device.index() < 0 ? 0 : it.device.index());
     cuda::kern::elementwise(op, it);
   }
   void reduce(const ReduceArgs& args) override {
-    cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
     cuda::detail::DeviceGuard guard(device_of(args.in));
     cuda::kern::reduce(args);
   }
-  void gemm(const GemmArgs& args) override {
-    cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
-    cuda::detail::gemm(args);
-  }
+  void gemm(const GemmArgs& args) override { cuda::detail::gemm(args); }  // its guard is in blas.cpp
   bool gemm_fuses(const GemmArgs& args) override { return cuda::detail::gemm_fuses(args); }
   void uniform(const Tensor& out, uint64_t seed, uint64_t offset, double lo, double hi) override {
-    cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
     if (out.numel() == 0) return;
     cuda::detail::DeviceGuard guard(device_of(out));
     cuda::kern::uniform(out, seed, offset, lo, hi);
   }
   void normal(const Tensor& out, uint64_t seed, uint64_t offset, double mean, double std) override {
-    cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
     if (out.numel() == 0) return;
     cuda::detail::DeviceGuard guard(device_of(out));
     cuda::kern::normal(out, seed, offset, mean, std);
   }
   void randperm(const Tensor& out, uint64_t seed, uint64_t offset) override {
-    cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
     if (out.numel() == 0) return;
     cuda::detail::DeviceGuard guard(device_of(out));
     cuda::kern::randperm(out, seed, offset);
   }
   void arange(const Tensor& out, double start, double step) override {
-    cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
     if (out.numel() == 0) return;
     cuda::detail::DeviceGuard guard(device_of(out));
     cuda::kern::arange(out, start, step);
   }
   void add_n(const Tensor& out, const std::vector<Tensor>& inputs) override {
-    cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
     cuda::detail::DeviceGuard g(out.device().index());
     cuda::kern::add_n(out, inputs);
   }
   void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override {
-    cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
     cuda::detail::DeviceGuard g(out.device().index());
     cuda::kern::index_add(out, dim, index, src);
   }
   void index_select(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index) override {
-    cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
     if (out.numel() == 0) return;
     cuda::detail::DeviceGuard guard(device_of(out));
     cuda::kern::index_select(out, in, dim, index);
   }
   void gather_rows(const std::vector<Tensor>& outs, const std::vector<Tensor>& ins, const Tensor& index) override {
-    cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
     if (ins.empty() || index.numel() == 0) return;
     cuda::detail::DeviceGuard guard(device_of(index));
     cuda::kern::gather_rows(outs, ins, index);
   }
   void mse_loss(const Tensor& out, const Tensor& input, const Tensor& target, LossReduction r) override {
-    cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
     cuda::detail::DeviceGuard guard(device_of(input));
     cuda::kern::mse_loss(out, input, target, r);
   }
   void mse_loss_backward(const Tensor& grad_input, const Tensor& grad_target, const Tensor& grad, const Tensor& input,
                          const Tensor& target, LossReduction r) override {
-    cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
     if (input.numel() == 0) return;
     cuda::detail::DeviceGuard guard(device_of(input));
     cuda::kern::mse_loss_backward(grad_input, grad_target, grad, input, target, r);
   }
   void linear_grad_weight_bias(const Tensor& gw, const Tensor& gb, const Tensor& g, const Tensor& x) override {
-    cuda::detail::NoDeferScope no_defer;  // see launch_queue.h
     cuda::detail::DeviceGuard guard(device_of(x));
     cuda::kern::linear_grad_weight_bias(gw, gb, g, x);
   }

@@ -154,7 +154,7 @@ void flush_launches_nothrow() noexcept {
 bool defer_launch(const void* func, dim3 grid, dim3 block, cudaStream_t stream, int device, void* const* args,
                   const size_t* sizes, int nargs) {
   if (!launch_batching_enabled()) return false;
-  if (tls_no_defer > 0) {
+  if (!tls_defer_allowed) {
     flush_launches();
     return false;
   }

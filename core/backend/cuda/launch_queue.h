@@ -11,10 +11,14 @@
 //  - Tensor::data_ptr() of a CUDA tensor (the pointer may go to a user's kernel) and DLPack export;
 //  - the allocator before it records cross-stream events or frees memory;
 //  - a launch onto another stream or device, and every kMaxBatch launches.
-// Nothing is deferred while the stream is being captured into a graph, nor inside another
-// CUDA op (NoDeferScope): such an op may hold a stream handle taken before an elementwise step
-// of its own and launch on it afterwards, which must find that step already on the stream.
-// TG_LAUNCH_BATCHING=0 in the environment turns batching off for the process.
+// Only an elementwise op called from outside every other CUDA op is deferred (the rule is kept
+// in one place, CudaBackend::elementwise, by ElementwiseDeferScope): any other op may take a
+// stream handle, run elementwise steps of its own and launch on the handle afterwards, and
+// those steps must already be on the stream. "Inside a CUDA op" is counted by DeviceGuard,
+// which every CUDA op takes to run on its operands' device (runtime.h): no op code knows the
+// queue (tests/core/launch_batching_test.cpp, OpUnawareOfTheQueueIsExact). Nothing is deferred
+// while the stream is being captured into a graph. TG_LAUNCH_BATCHING=0 in the environment
+// turns batching off for the process.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -30,14 +34,20 @@ inline constexpr size_t kMaxArgBytes = 1024;  // their bytes, each at 16-byte al
 
 extern std::atomic<bool> g_launches_pending;
 
-// While one lives on a thread, that thread's launches are not deferred. Every CUDA backend op
-// but elementwise holds one (backend.cu), as do the fused optimizer and GradScaler launches.
-inline thread_local int tls_no_defer = 0;
-struct NoDeferScope {
-  NoDeferScope() { ++tls_no_defer; }
-  ~NoDeferScope() { --tls_no_defer; }
-  NoDeferScope(const NoDeferScope&) = delete;
-  NoDeferScope& operator=(const NoDeferScope&) = delete;
+// How many CUDA ops are running on this thread: DeviceGuards alive (runtime.cpp keeps it).
+inline thread_local int tls_cuda_op_depth = 0;
+// Whether this thread's launches may be deferred now: only inside an elementwise op that
+// started outside every other CUDA op. Held by CudaBackend::elementwise alone.
+inline thread_local bool tls_defer_allowed = false;
+class ElementwiseDeferScope {
+ public:
+  ElementwiseDeferScope() : prev_(tls_defer_allowed) { tls_defer_allowed = tls_cuda_op_depth == 0; }
+  ~ElementwiseDeferScope() { tls_defer_allowed = prev_; }
+  ElementwiseDeferScope(const ElementwiseDeferScope&) = delete;
+  ElementwiseDeferScope& operator=(const ElementwiseDeferScope&) = delete;
+
+ private:
+  bool prev_;
 };
 
 // Flushes the queue: its launches are on the GPU's stream afterwards. Throws tg::Error when

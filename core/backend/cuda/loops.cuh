@@ -390,7 +390,7 @@ void launch(const ElementwiseIter& it, const F& f) {
   const int sizes[N] = {static_cast<int>(sizeof(Out)), static_cast<int>(sizeof(In))...};
   Geometry<N> g = make_geometry<N>(it, sizes);
   const int device = it.device.index();
-  const bool defer = it.numel <= kDeferMaxNumel && detail::tls_no_defer == 0;
+  const bool defer = it.numel <= kDeferMaxNumel && detail::tls_defer_allowed;
   const LaunchTarget t{defer ? detail::current_stream_noflush(device) : detail::current_stream_handle(device), device,
                        defer};
   if (try_vec<Out, In...>(g, f, t)) return;

@@ -52,9 +52,11 @@ DeviceGuard::DeviceGuard(int device) {
     TG_CUDA_CHECK(cudaSetDevice(device));
   else
     prev_ = -1;  // nothing to restore
+  ++tls_cuda_op_depth;  // last: a throwing constructor leaves it as it was
 }
 
 DeviceGuard::~DeviceGuard() {
+  --tls_cuda_op_depth;
   if (prev_ >= 0) {
     cudaError_t err = cudaSetDevice(prev_);
     if (err != cudaSuccess) {
