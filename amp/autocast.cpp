@@ -6,9 +6,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include <tapegrad/amp/hook.h>
-#include <tapegrad/amp/shadow.h>
-#include <tapegrad/autograd/autograd.h>
+#include <tapegrad/core/autocast_hook.h>
+#include <tapegrad/autograd/function.h>
+#include <tapegrad/core/cast_copies.h>
 #include <tapegrad/core/error.h>
 #include <tapegrad/core/tensor.h>
 
@@ -49,27 +49,47 @@ bool is_cacheable(const Tensor& t, DType to) {
   return is_reduced_float(to) && t.dtype() == kFloat32 && t.is_leaf() && t.requires_grad();
 }
 
-// A dense tensor viewed with permuted dims (w.t() in Linear) is cast in its memory
-// order and viewed back, so the copy reads and writes straight through memory and
-// the result keeps the layout (matmul takes a transposed operand for free), where
-// Tensor::to would make a transposing copy. Differentiable: permute is a view op.
-// The dense cast of a parameter's memory reuses its shadow when valid (amp/shadow.h).
-Tensor cast_dense(const Tensor& t, DType to) {
+// The dims of t in memory order (outermost first) when t is dense under a permutation of its
+// dims (w.t() in a matmul, say); nullopt for gaps, overlaps or broadcasts.
+std::optional<Shape> memory_order(const Tensor& t) {
   const int64_t nd = t.dim();
-  if (t.is_contiguous()) return detail::shadow_cast(t, to);
-  if (nd < 2) return t.to(to);
-  std::vector<int64_t> perm(static_cast<size_t>(nd));
+  Shape perm(std::vector<int64_t>(static_cast<size_t>(nd)));
   for (int64_t i = 0; i < nd; ++i) perm[i] = i;
+  if (t.is_contiguous()) return perm;
   std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
   int64_t expect = 1;
   for (int64_t i = nd - 1; i >= 0; --i) {
     const int64_t d = perm[i];
-    if (t.size(d) != 1 && t.stride(d) != expect) return t.to(to);  // gaps, overlap or broadcast: plain copy
+    if (t.size(d) != 1 && t.stride(d) != expect) return std::nullopt;
     expect *= t.size(d);
   }
-  Shape fwd(perm), inv(perm);
-  for (int64_t i = 0; i < nd; ++i) inv[perm[i]] = i;
-  return detail::shadow_cast(t.permute(fwd), to).permute(inv);
+  return perm;
+}
+
+// A dense tensor viewed with permuted dims is cast in its memory order and viewed back, so the
+// copy reads and writes straight through memory and the result keeps the layout (matmul takes a
+// transposed operand for free), where Tensor::to would make a transposing copy. Differentiable:
+// permute is a view op.
+Tensor cast_dense(const Tensor& t, DType to) {
+  if (t.is_contiguous() || t.dim() < 2) return t.to(to);
+  std::optional<Shape> perm = memory_order(t);
+  if (!perm) return t.to(to);
+  Shape inv(*perm);
+  for (int64_t i = 0; i < t.dim(); ++i) inv[(*perm)[i]] = i;
+  return t.permute(*perm).to(to).permute(inv);
+}
+
+// A parameter's cast (a float32 leaf that requires grad), in its layout: on CUDA from the
+// parameter's kept copy (core/cast_copies.h), recorded as Tensor::to records it.
+Tensor cast_parameter(const Tensor& t, DType to, bool* reused) {
+  *reused = false;
+  std::optional<Shape> perm;
+  if (t.is_cuda()) perm = memory_order(t);
+  if (!perm) return cast_dense(t, to);
+  const Tensor dense = t.is_contiguous() ? t : native::permute(t, *perm);  // t's memory, contiguous
+  const Tensor low = ::tg::detail::cast_copy(dense, to, reused);
+  // low is dense in the same memory order: t's strides address it as they address t.
+  return autograd::finish_to(t, native::make_view(low, t.sizes(), t.strides(), low.storage_offset()));
 }
 
 Tensor cast_to(const Tensor& t, DType to) {
@@ -82,8 +102,8 @@ Tensor cast_to(const Tensor& t, DType to) {
     return it->second.cast;
   }
   bool reused = false;
-  Tensor cast = t.is_contiguous() ? detail::shadow_cast(t, to, &reused) : t.to(to);
-  if (!reused) ++c.misses;  // a reused shadow is no new cast
+  Tensor cast = cast_parameter(t, to, &reused);
+  if (!reused) ++c.misses;  // a reused copy is no new cast
   c.entries[key] = CacheEntry{t, t.version(), cast};
   return cast;
 }
@@ -96,8 +116,6 @@ bool eligible(const Tensor& t, uint8_t mask) {
 }  // namespace
 
 std::optional<CastPolicy> policy(std::string_view op_name) {
-  if (op_name == "mse_loss") return CastPolicy::Fp32;
-  if (op_name == "linear") return CastPolicy::Lower;
   OpKind op;
   if (!op_from_name(op_name, op)) return std::nullopt;
   return policy(op);
@@ -138,7 +156,6 @@ Autocast::~Autocast() {
     s.enabled_mask = static_cast<uint8_t>(s.enabled_mask & ~device_bit(device_));
   if (--s.nesting == 0) {
     tls_cache.entries.clear();  // releases the cached casts (no throw: plain frees)
-    detail::purge_dead_shadows();  // shadows of parameters that no longer exist
   }
 }
 

@@ -4,7 +4,7 @@
 // on the CPU), numerically sensitive ops (pow, exp, log, sum, mean, var/std,
 // mse_loss) in float32, multi-input ops in their widest floating input dtype.
 // The casts are ordinary differentiable Tensor::to calls, so gradients reach
-// float32 parameters in float32. The op front-ends call the hook in amp/hook.h.
+// float32 parameters in float32. The op front-ends call the hook in core/autocast_hook.h.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -57,7 +57,7 @@ namespace detail {
 // The weight-cast cache: inside the outermost autocast region, the lowered copy of a
 // float32 leaf that requires grad is made once per (tensor, version, dtype, grad mode).
 // Across regions, CUDA parameters keep a shadow copy that the fused optimizer steps
-// update (amp/shadow.h): a reused shadow is counted there, not as a miss here.
+// update (core/cast_copies.h): a reused copy is counted there, not as a miss here.
 int64_t cast_cache_misses();  // casts made for cacheable tensors since the last reset
 int64_t cast_cache_hits();
 int64_t cast_cache_size();    // entries held now

@@ -9,8 +9,8 @@
 #include <tuple>
 #include <vector>
 
-#include <tapegrad/amp/finite_witness.h>
 #include <tapegrad/core/error.h>
+#include <tapegrad/core/finite_proxy.h>
 #include <tapegrad/core/ops.h>
 #if defined(TG_WITH_CUDA)
 #include <tapegrad/amp/cuda/amp_kernels.h>
@@ -79,7 +79,6 @@ void cpu_update_scale(const Tensor& scale, const Tensor& tracker, const std::vec
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
   if (!options_.enabled) return;
-  witnesses_ = detail::witness_token();
   TG_CHECK(options_.init_scale > 0 && std::isfinite(options_.init_scale),
            "GradScaler: init_scale must be positive and finite, got ", options_.init_scale);
   TG_CHECK(options_.growth_factor > 1.0, "GradScaler: growth_factor should be > 1, got ", options_.growth_factor);
@@ -112,21 +111,10 @@ Tensor GradScaler::scale(const Tensor& outputs) {
 Tensor GradScaler::check_grads(optim::Optimizer& opt, bool unscale, const char* op) {
   std::vector<Tensor> grads;
   std::vector<std::pair<Tensor, Tensor>> write_back;  // (the .grad, its contiguous working copy)
-  // A read-only check may read a gradient's finiteness witness instead of the gradient: when
-  // its operands are at most half the gradient's bytes (a weight gradient's), or are read
-  // anyway for another gradient (a bias gradient shares the weight's output gradient).
+  // A read-only check reads a gradient's finite proxy instead of the gradient when it has one
+  // (core/finite_proxy.h: the float16 operands of a float32 weight gradient); each operand once.
   std::vector<Tensor> stand_ins;
   std::set<std::tuple<const void*, int64_t, DType>> seen;
-  auto key = [](const Tensor& t) { return std::make_tuple(t.data_ptr(), t.numel(), t.dtype()); };
-  std::vector<std::pair<Tensor, std::vector<Tensor>>> witnessed;  // decided after the cheap ones
-  auto add_grad = [&](Tensor g) {
-    if (!g.is_contiguous()) {
-      Tensor c = g.contiguous();
-      if (unscale) write_back.emplace_back(g, c);
-      g = c;
-    }
-    grads.push_back(std::move(g));
-  };
   for (const Tensor& p : opt.parameters()) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
@@ -134,31 +122,21 @@ Tensor GradScaler::check_grads(optim::Optimizer& opt, bool unscale, const char* 
              ") is not floating point");
     TG_CHECK(g.device() == scale_.device(), "GradScaler.", op, ": a gradient of shape ", g.sizes(), " is on ",
              g.device(), " but the scale is on ", scale_.device());
-    std::vector<Tensor> witness = detail::take_finite_witness(g, /*use=*/!unscale);  // consumed either way
-    if (witness.empty()) {
-      add_grad(std::move(g));
+    std::vector<Tensor> proxy = ::tg::detail::take_finite_proxy(g);  // taken either way: it is for one check
+    if (!unscale && !proxy.empty()) {
+      ::tg::detail::count_finite_proxy_use();
+      for (Tensor& w : proxy)
+        if (seen.insert(std::make_tuple(w.data_ptr(), w.numel(), w.dtype())).second) stand_ins.push_back(std::move(w));
       continue;
     }
-    int64_t bytes = 0;
-    for (const Tensor& w : witness) bytes += static_cast<int64_t>(w.nbytes());
-    if (2 * bytes <= static_cast<int64_t>(g.nbytes())) {
-      detail::count_finite_witness_use();
-      for (Tensor& w : witness)
-        if (seen.insert(key(w)).second) stand_ins.push_back(std::move(w));
-    } else {
-      witnessed.emplace_back(std::move(g), std::move(witness));
+    if (!g.is_contiguous()) {
+      Tensor c = g.contiguous();
+      if (unscale) write_back.emplace_back(g, c);
+      g = c;
     }
-  }
-  for (auto& [g, witness] : witnessed) {
-    bool covered = true;
-    for (const Tensor& w : witness) covered = covered && seen.count(key(w)) != 0;
-    if (covered)
-      detail::count_finite_witness_use();
-    else
-      add_grad(std::move(g));
+    grads.push_back(std::move(g));
   }
   grads.insert(grads.end(), stand_ins.begin(), stand_ins.end());
-  detail::purge_finite_witnesses();  // entries of gradients that died unchecked
   // The optimizer's persistent flag: zero unless a check wrote it and no update cleared it since.
   FoundInfBuffer& buf = found_inf_buffers_[&opt];
   if (!buf.flag.defined() || buf.flag.device() != scale_.device()) {

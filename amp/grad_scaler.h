@@ -104,7 +104,6 @@ class GradScaler {
   int64_t init_growth_tracker_ = 0;  // from load_state_dict before the tensors exist
   std::unordered_map<const optim::Optimizer*, PerOptimizer> per_optimizer_;
   std::unordered_map<const optim::Optimizer*, FoundInfBuffer> found_inf_buffers_;
-  std::shared_ptr<void> witnesses_;  // while held, backward notes finiteness witnesses (amp/finite_witness.h)
 };
 
 }  // namespace tg::amp

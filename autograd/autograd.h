@@ -34,10 +34,15 @@ struct Edge {
 
 // What a node expects for the gradient of one of the tensors it produced; the
 // engine reduces (sum_to) and casts every incoming gradient to this, in one place.
+// `wide_dtype`: a wider dtype the node also takes its gradient in, as it is (a float32 ->
+// float16 / bfloat16 cast takes a float32 gradient, and a view of such a cast takes what the
+// cast takes): a backward that can write that dtype directly skips a rounding and a cast
+// launch (autograd::grad_dtype_for). Set by autograd when it records a cast or a view.
 struct InputMeta {
   Shape shape;
   DType dtype = kFloat32;
   Device device;
+  std::optional<DType> wide_dtype;
 };
 
 // A step of the backward graph: takes one gradient per forward output, returns
@@ -59,12 +64,6 @@ class Node {
 
   std::vector<Edge> next_edges;
   std::vector<InputMeta> input_meta;  // one per forward output
-  // Gradient dtypes a node also takes, so that a producer can skip a cast (the engine accepts them
-  // as they are): a float32 -> float16 / bfloat16 cast takes float32 (its backward then passes it
-  // through), and a view-like node whose backward keeps the dtype (transpose, permute, reshape)
-  // takes what the node of its one input takes. See autograd::wanted_grad_dtype.
-  std::optional<DType> wide_grad_dtype;
-  bool grad_dtype_from_input = false;
   // Non-leaf tensors that asked for retain_grad(): (output_nr, tensor).
   std::vector<std::pair<uint32_t, std::weak_ptr<TensorImpl>>> retained;
 };

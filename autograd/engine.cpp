@@ -25,7 +25,7 @@ namespace {
 
 // The one place a broadcast gradient is reduced to its input's shape and cast
 // back to its dtype / device. A gradient already in the wider dtype the node also
-// takes (`wanted`, see Node::wide_grad_dtype) is kept as it is.
+// takes (`wanted`, see InputMeta::wide_dtype) is kept as it is.
 Tensor conform(Tensor g, const InputMeta& m, DType wanted) {
   if (g.sizes() != m.shape) g = native::sum_to(g, m.shape);
   const DType dtype = g.dtype() == wanted ? wanted : m.dtype;

@@ -68,8 +68,8 @@ class FunctionNode final : public Node {
 // The edge a gradient for t flows along (grad_fn or the leaf's accumulator).
 Edge gradient_edge(const Tensor& t);
 
-// The dtype the node at e takes its gradient in without a copy: its input_meta dtype, or the
-// wider Node::wide_grad_dtype of it or of the cast behind a short chain of view-like nodes.
+// The dtype the node at e takes its gradient in without a copy: its InputMeta's wide_dtype when
+// it has one, else its dtype.
 DType wanted_grad_dtype(const Edge& e);
 
 // The engine's shared implicit root gradient (a read-only CUDA 1, see engine.cpp), and
@@ -85,18 +85,21 @@ inline DType grad_dtype_for(const Node& n, size_t i, DType natural) {
   return wanted_grad_dtype(n.next_edges[i]) == kFloat32 ? kFloat32 : natural;
 }
 
-// Marks out's node (a view-like op whose backward keeps the gradient's dtype) as taking the
-// gradient dtype of its input's node. Returns out.
-inline Tensor pass_grad_dtype(Tensor out) {
-  if (const auto& m = out.impl().autograd; m && m->grad_fn) m->grad_fn->grad_dtype_from_input = true;
-  return out;
-}
 
 // Records `out` as the result of op `name` applied to `inputs`: builds the node,
 // its edges, and sets out's history. Returns out (re-aliased if it shares an
 // input's TensorImpl). Only floating outputs are recorded.
 Tensor record(const char* name, std::initializer_list<Tensor> inputs, Tensor out, BackwardFn fn);
 Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor out, BackwardFn fn);
+// record() for a view-like op of one input whose backward keeps the gradient's dtype (transpose,
+// permute, reshape, contiguous): its node also takes the wider gradient dtype its input's node
+// takes, so a GEMM behind a transposed float16 view of a float32 weight writes float32 directly.
+Tensor record_view(const char* name, const Tensor& input, Tensor out, BackwardFn fn);
+
+// Traces and records `out`, the cast of `src` to out's dtype and device that the caller computed,
+// exactly as Tensor::to does (which computes it with native::to): for autocast, which may take
+// the cast of a parameter from its kept copy (core/cast_copies.h). Returns out.
+Tensor finish_to(const Tensor& src, Tensor out);
 
 // A detached alias of t sharing storage (for detach() and saved tensors).
 Tensor alias(const Tensor& t);

@@ -113,16 +113,20 @@ Edge gradient_edge(const Tensor& t) {
 }
 
 DType wanted_grad_dtype(const Edge& e) {
-  const Node* n = e.fn.get();
-  const DType own = n->input_meta.at(e.input_nr).dtype;
-  for (int hop = 0; hop < 8; ++hop) {  // view chains are short; bounded so deep graphs cost nothing
-    if (n->wide_grad_dtype) return *n->wide_grad_dtype;
-    if (!n->grad_dtype_from_input || n->next_edges.size() != 1 || !n->next_edges[0].valid()) break;
-    const Edge& next = n->next_edges[0];
-    if (next.fn->input_meta.at(next.input_nr).dtype != own) break;
-    n = next.fn.get();
-  }
-  return own;
+  const InputMeta& m = e.fn->input_meta.at(e.input_nr);
+  return m.wide_dtype.value_or(m.dtype);
+}
+
+Tensor record_view(const char* name, const Tensor& input, Tensor out, BackwardFn fn) {
+  Tensor res = record(name, {input}, std::move(out), std::move(fn));
+  const auto& m = res.impl().autograd;
+  if (!m || !m->grad_fn || m->grad_fn.get() == nullptr) return res;
+  const Edge& next = m->grad_fn->next_edges.at(0);
+  InputMeta& own = m->grad_fn->input_meta.at(m->output_nr);
+  // The view's backward keeps the gradient's dtype: it takes what its input's node takes.
+  if (next.valid() && next.fn->input_meta.at(next.input_nr).dtype == own.dtype)
+    own.wide_dtype = next.fn->input_meta.at(next.input_nr).wide_dtype;
+  return res;
 }
 
 // ---- recording

@@ -76,4 +76,15 @@ class Graph {
   std::unique_ptr<Impl> impl_;
 };
 
+namespace detail {
+// For state a capture freezes and that can go stale between replays (the lower-precision copies
+// of parameters, core/cast_copies.h): while this thread captures into a tg::cuda::Graph, adds
+// `fn` to what that graph runs on the current stream before each of its replays and returns
+// true; returns false (dropping fn) when this thread is not capturing into one.
+bool add_replay_prologue(std::function<void()> fn);
+// Whether the current stream of CUDA device `device` is being captured (by a tg::cuda::Graph or
+// by the caller's own cudaStreamBeginCapture); true when that cannot be told. False without CUDA.
+bool stream_capturing(int device);
+}  // namespace detail
+
 }  // namespace tg::cuda

@@ -66,6 +66,8 @@ enum class AutocastCategory : uint8_t { None, Lower, Fp32, Promote };
   /* linear algebra */                      \
   _(Matmul, "matmul", Lower)                \
   _(Linear, "linear", Lower)                \
+  /* losses */                              \
+  _(MseLoss, "mse_loss", Fp32) /* reduction: 0 none, 1 mean, 2 sum */ \
   /* views, gathers, copies */              \
   _(Transpose, "transpose", None)           \
   _(Permute, "permute", None)               \

@@ -70,6 +70,9 @@ class Storage {
   uint32_t version() const { return version_; }
   void bump_version() { ++version_; }
   const DataPtr& data_ptr() const { return data_; }
+  // What another part of the library keeps with this memory and that goes away with it: the
+  // lower-precision copies of a parameter (core/cast_copies.h, the one user, under its lock).
+  std::shared_ptr<void>& attachment() { return attachment_; }
 
   static std::shared_ptr<Storage> allocate(size_t nbytes, Device device) {
     return std::make_shared<Storage>(get_allocator(device)->allocate(nbytes), nbytes, device);
@@ -80,6 +83,7 @@ class Storage {
   size_t nbytes_;
   Device device_;
   uint32_t version_ = 0;
+  std::shared_ptr<void> attachment_;
 };
 
 }  // namespace tg

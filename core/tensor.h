@@ -21,6 +21,9 @@ namespace autograd {
 struct AutogradMeta;
 class Node;
 }  // namespace autograd
+namespace detail {
+struct FiniteProxy;
+}  // namespace detail
 
 class TensorImpl {
  public:
@@ -34,6 +37,9 @@ class TensorImpl {
   int64_t numel = 0;
   bool contiguous = true;
   std::shared_ptr<autograd::AutogradMeta> autograd;  // null until autograd touches the tensor
+  // Smaller tensors that are all finite exactly when this one is (core/finite_proxy.h); null
+  // unless the op that made it said so.
+  std::shared_ptr<detail::FiniteProxy> finite_proxy;
   void refresh();  // recompute numel and contiguity after sizes/strides change
 };
 

@@ -358,6 +358,30 @@ void lower(OnnxGraph& g, const Program& p, const Node& n, const std::vector<std:
       return;
     }
     case OpKind::Matmul: return binary("MatMul");
+    case OpKind::Linear: {  // x @ w^T (+ b): opset 17's Gemm takes 2-D operands only
+      const int64_t wr = static_cast<int64_t>(iv(1).shape.size());
+      if (wr != 2) unsupported("linear with a weight of rank " + std::to_string(wr));
+      std::string wt = g.node("Transpose", {in_as(1, odt)}, "", {attr_ints("perm", {1, 0})});
+      if (n.inputs.size() < 3) {
+        g.node("MatMul", {in_as(0, odt), wt}, out);
+      } else {
+        g.node("Add", {g.node("MatMul", {in_as(0, odt), wt}), in_as(2, odt)}, out);
+      }
+      return;
+    }
+    case OpKind::MseLoss: {  // (input - target)^2, reduced
+      std::string d = g.node("Sub", {in_as(0, odt), in_as(1, odt)});
+      std::string sq = g.node("Mul", {d, d});
+      const int64_t r = exporting::attr_int(n, "reduction");
+      if (r == 0) {
+        g.node("Identity", {sq}, out);
+      } else if (r == 1 || r == 2) {
+        g.node(r == 1 ? "ReduceMean" : "ReduceSum", {sq}, out, {attr_int("keepdims", 0)});
+      } else {
+        unsupported("mse_loss reduction " + std::to_string(r));
+      }
+      return;
+    }
     case OpKind::Transpose: {
       std::vector<int64_t> perm;
       for (int64_t d = 0; d < in_rank; ++d) perm.push_back(d);

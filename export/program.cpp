@@ -10,6 +10,7 @@
 #include <tapegrad/autograd/autograd.h>
 #include <tapegrad/core/ops.h>
 #include <tapegrad/export/export.h>
+#include <tapegrad/nn/loss.h>
 
 namespace tg::exporting {
 
@@ -47,6 +48,8 @@ const OpSchema& op_schema(OpKind op) {
   static const OpSchema kIndexSelect{2, {{"dim", T::Int}}};
   static const OpSchema kCat{-1, {{"dim", T::Int}}};
   static const OpSchema kTo{1, {{"dtype", T::DType}}};
+  static const OpSchema kLinear{3, {}, 1};  // x, weight[, bias]
+  static const OpSchema kMseLoss{2, {{"reduction", T::Int}}};
   switch (op) {  // no default: a new op in TG_FORALL_OPS is a -Wswitch warning here
     case OpKind::Add:
     case OpKind::Sub: return kAlpha;
@@ -62,6 +65,8 @@ const OpSchema& op_schema(OpKind op) {
     case OpKind::Gt:
     case OpKind::Ge:
     case OpKind::Matmul: return kBinary;
+    case OpKind::Linear: return kLinear;
+    case OpKind::MseLoss: return kMseLoss;
     case OpKind::Where: return kWhere;
     case OpKind::AddScalar:
     case OpKind::SubScalar:
@@ -257,8 +262,13 @@ void Program::validate(const char* where) const {
     TG_CHECK(!defined[n.output], where, ": ", node, " redefines %", out.name);
     const OpSchema& schema = op_schema(n.op);
     const int ni = static_cast<int>(n.inputs.size());
-    TG_CHECK(schema.num_inputs < 0 ? ni >= 1 : ni == schema.num_inputs, where, ": ", node, " has ", ni,
-             " operands, expected ", schema.num_inputs < 0 ? "at least 1" : std::to_string(schema.num_inputs));
+    const int least = schema.num_inputs < 0 ? 1 : schema.num_inputs - schema.optional_inputs;
+    TG_CHECK(ni >= least && (schema.num_inputs < 0 || ni <= schema.num_inputs), where, ": ", node, " has ", ni,
+             " operands, expected ",
+             schema.num_inputs < 0 ? std::string("at least 1")
+             : least == schema.num_inputs
+                 ? std::to_string(schema.num_inputs)
+                 : std::to_string(least) + " to " + std::to_string(schema.num_inputs));
     for (int id : n.inputs) {
       check_id(id, node.c_str());
       TG_CHECK(defined[id], where, ": ", node, " uses %", values[id].name, " before it is defined");
@@ -301,8 +311,19 @@ namespace {
 DimList dims_of(const Node& n) { return DimList(attr_ints(n, "dims")); }
 }  // namespace
 
-Tensor execute(const Node& n, const std::vector<Tensor>& in) {
-  auto a = [&]() -> const Tensor& { return in.at(0); };
+Tensor execute(const Node& n, const std::vector<Tensor>& in, DType out_dtype) {
+  Tensor widened;  // the operand of a widening unary op, in the recorded result dtype
+  switch (n.op) {
+    case OpKind::Exp:
+    case OpKind::Log:
+    case OpKind::Sqrt:
+    case OpKind::PowScalar:
+      if (!in.empty() && is_floating(in[0].dtype()) && is_floating(out_dtype) && in[0].dtype() != out_dtype)
+        widened = in[0].to(out_dtype);
+      break;
+    default: break;
+  }
+  auto a = [&]() -> const Tensor& { return widened.defined() ? widened : in.at(0); };
   auto b = [&]() -> const Tensor& { return in.at(1); };
   switch (n.op) {
     case OpKind::Add: return add(a(), b(), attr_scalar(n, "alpha"));
@@ -354,6 +375,12 @@ Tensor execute(const Node& n, const std::vector<Tensor>& in) {
       return argmax(a(), dim, attr_bool(n, "keepdim"));
     }
     case OpKind::Matmul: return matmul(a(), b());
+    case OpKind::Linear: return linear(a(), b(), in.size() > 2 ? in[2] : Tensor());
+    case OpKind::MseLoss: {
+      const int64_t r = attr_int(n, "reduction");
+      TG_CHECK(r >= 0 && r <= 2, "export: mse_loss reduction ", r, " is not 0 (none), 1 (mean) or 2 (sum)");
+      return nn::functional::mse_loss(a(), b(), r == 0 ? "none" : r == 1 ? "mean" : "sum");
+    }
     case OpKind::Transpose: return a().transpose(attr_int(n, "dim0"), attr_int(n, "dim1"));
     case OpKind::Permute: return a().permute(attr_ints(n, "dims"));
     case OpKind::View: return a().view(attr_ints(n, "shape"));
@@ -467,8 +494,8 @@ std::vector<Tensor> ExportedProgram::run(const std::vector<Tensor>& inputs) cons
   for (const auto& n : p.nodes) {
     operands.clear();
     for (int id : n.inputs) operands.push_back(env[id]);
-    Tensor out = exporting::execute(n, operands);
     const auto& v = p.values[n.output];
+    Tensor out = exporting::execute(n, operands, v.dtype);
     TG_CHECK(out.dtype() == v.dtype && shape_matches(v.shape, out.sizes()), "ExportedProgram.run: ",
              exporting::describe_node(p, n), " produced ", dtype_name(out.dtype()), out.sizes(), ", the export recorded ",
              dtype_name(v.dtype), exporting::shape_str(v.shape),

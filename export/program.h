@@ -50,8 +50,9 @@ struct AttrSpec {
   bool optional = false;
 };
 struct OpSchema {
-  int num_inputs;
+  int num_inputs;  // -1: one or more
   std::vector<AttrSpec> attrs;
+  int optional_inputs = 0;  // trailing operands that may be left out (linear's bias)
 };
 const OpSchema& op_schema(OpKind op);
 
@@ -86,7 +87,9 @@ std::string describe_node(const Program& p, const Node& n);
 std::string shape_str(const Shape& s);  // [batch, 4]
 const char* dtype_short(DType t);       // f32, bf16, b8, ...
 
-// Runs one node on its operands (public ops, so the semantics are the library's).
-Tensor execute(const Node& n, const std::vector<Tensor>& in);
+// Runs one node on its operands (public ops, so the semantics are the library's). `out_dtype` is
+// the dtype the trace recorded: a unary float op recorded with a wider result than its operand
+// (exp of a float16 tensor into float32, as autocast runs it in one kernel) widens it first.
+Tensor execute(const Node& n, const std::vector<Tensor>& in, DType out_dtype);
 
 }  // namespace tg::exporting

@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include <tapegrad/amp/hook.h>
+#include <tapegrad/core/autocast_hook.h>
 #include <tapegrad/autograd/function.h>
 #include <tapegrad/core/native.h>
 #include <tapegrad/core/trace.h>
@@ -33,26 +33,29 @@ Tensor fused_mse_loss(const Tensor& input, const Tensor& target, backend::LossRe
 namespace functional {
 Tensor mse_loss(const Tensor& input, const Tensor& target, std::string_view reduction) {
   check_reduction(reduction, "mse_loss");
-  TG_AUTOCAST_AS(AutocastCategory::Fp32, mse_loss(input, target, reduction), input, target);
+  TG_AUTOCAST(MseLoss, mse_loss(input, target, reduction), input, target);
   TG_CHECK(input.defined() && target.defined(), "mse_loss: input and target must be defined");
   TG_CHECK(is_floating(input.dtype()) || is_floating(target.dtype()), "mse_loss: expected floating tensors, got ",
            input.dtype(), " and ", target.dtype());
   TG_CHECK(input.device() == target.device(), "mse_loss: input on ", input.device(), " but target on ",
            target.device());
   tg::detail::broadcast_shapes(input.sizes(), target.sizes(), "mse_loss");  // names both shapes when incompatible
-  // While tracing (export) the composite runs, so the graph keeps seeing sub / mul / mean.
-  if (!tg::detail::tls_tracer && native::mse_loss_fusable(input, target)) {
-    const auto r = reduction == "mean"  ? backend::LossReduction::Mean
-                   : reduction == "sum" ? backend::LossReduction::Sum
-                                        : backend::LossReduction::None;
-    return fused_mse_loss(input, target, r);
+  const auto r = reduction == "mean"  ? backend::LossReduction::Mean
+                 : reduction == "sum" ? backend::LossReduction::Sum
+                                      : backend::LossReduction::None;
+  Tensor out;
+  if (native::mse_loss_fusable(input, target)) {
+    out = fused_mse_loss(input, target, r);
+  } else {
+    // Broadcasting, type promotion and strided inputs: a composite of differentiable ops, which
+    // the trace does not see (it records the public op, mse_loss, below).
+    tg::detail::TracerGuard untraced(nullptr);
+    Tensor d = input - target;
+    Tensor sq = d * d;
+    out = r == backend::LossReduction::Mean ? sq.mean() : r == backend::LossReduction::Sum ? sq.sum() : sq;
   }
-  // Broadcasting, type promotion and strided inputs: a composite of differentiable ops.
-  Tensor d = input - target;
-  Tensor sq = d * d;
-  if (reduction == "mean") return sq.mean();
-  if (reduction == "sum") return sq.sum();
-  return sq;
+  TG_TRACE(MseLoss, out, {input, target}, {{"reduction", static_cast<int64_t>(r)}});
+  return out;
 }
 }  // namespace functional
 

@@ -7,7 +7,7 @@
 #include <set>
 #include <unordered_set>
 
-#include <tapegrad/amp/shadow.h>
+#include <tapegrad/core/cast_copies.h>
 #include <tapegrad/autograd/autograd.h>
 #include <tapegrad/core/ops.h>
 #include <tapegrad/optim/step_util.h>
@@ -269,12 +269,11 @@ Tensor usable_grad(const char* op, const Tensor& param) {
 void bump_version(const Tensor& t) { t.impl().storage->bump_version(); }
 
 std::vector<Tensor> shadows_for_update(const std::vector<Tensor>& params) {
-  amp::detail::purge_dead_shadows();  // frees the copies of parameters that no longer exist
   std::vector<Tensor> out(params.size());
   std::optional<DType> dtype;  // the first shadow's; others are dropped (one dtype per launch)
   bool any = false;
   for (size_t i = 0; i < params.size(); ++i) {
-    out[i] = amp::detail::shadow_for_update(params[i], dtype);
+    out[i] = ::tg::detail::cast_copy_for_update(params[i], dtype);
     if (out[i].defined()) {
       dtype = out[i].dtype();
       any = true;
@@ -285,7 +284,7 @@ std::vector<Tensor> shadows_for_update(const std::vector<Tensor>& params) {
 }
 
 void shadows_updated(const std::vector<Tensor>& params, const std::vector<Tensor>& shadows) {
-  for (size_t i = 0; i < shadows.size(); ++i) amp::detail::shadow_updated(params[i], shadows[i]);
+  for (size_t i = 0; i < shadows.size(); ++i) ::tg::detail::cast_copy_updated(params[i], shadows[i]);
 }
 
 std::vector<Bucket> bucket_by_device_dtype(const std::vector<Tensor>& params, const std::vector<Tensor>& grads) {

@@ -23,7 +23,7 @@ Tensor usable_grad(const char* op, const Tensor& param);
 // Marks in-place modification (autograd refuses stale saved tensors).
 void bump_version(const Tensor& t);
 
-// The low-precision shadows (amp/shadow.h) a fused CUDA step should write along
+// The low-precision shadows (core/cast_copies.h) a fused CUDA step should write along
 // with `params`, taken before their versions are bumped: one per parameter
 // (undefined where none is valid), one dtype, or empty when there are none.
 std::vector<Tensor> shadows_for_update(const std::vector<Tensor>& params);

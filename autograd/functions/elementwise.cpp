@@ -3,7 +3,7 @@
 // shape and dtype (autograd/engine.cpp, conform), so no op does it itself.
 #include <vector>
 
-#include <tapegrad/amp/hook.h>
+#include <tapegrad/core/autocast_hook.h>
 #include <tapegrad/autograd/function.h>
 #include <tapegrad/core/trace.h>
 
@@ -27,8 +27,9 @@ Tensor mask_grad(const Tensor& mask, const Tensor& g) { return native::where(mas
 // bfloat16 input as is and write float32, and their backward writes the gradient in the input's
 // dtype, each in one launch, where a cast node would add a cast launch to either pass. The numbers
 // are the cast's: widening is exact, and the cast's backward rounded the float32 gradient once,
-// as the store does. While tracing, the cast is made as before, so export sees what it saw.
-bool widens_in_kernel(const Tensor& a) { return amp::detail::fp32_reads_reduced(a) && !detail::tls_tracer; }
+// as the store does. The trace records the op as it ran (a float16 input, a float32 result); the
+// exporter's replay and ONNX lowering widen the input first, as every lowering of a mixed op does.
+bool widens_in_kernel(const Tensor& a) { return amp::detail::fp32_reads_reduced(a); }
 }  // namespace
 
 // ---- add / sub

@@ -5,9 +5,9 @@
 #include <tuple>
 #include <vector>
 
-#include <tapegrad/amp/finite_witness.h>
-#include <tapegrad/amp/hook.h>
+#include <tapegrad/core/autocast_hook.h>
 #include <tapegrad/autograd/function.h>
+#include <tapegrad/core/finite_proxy.h>
 #include <tapegrad/core/trace.h>
 
 namespace tg {
@@ -27,15 +27,15 @@ Tensor mT(const Tensor& t) { return native::transpose(t, t.dim() - 2, t.dim() - 
 bool col_major(const Tensor& t) { return t.dim() == 2 && t.stride(0) == 1 && t.size(0) > 1 && t.stride(1) != 1; }
 
 // A float32 gradient just computed from float16 operands (a GEMM of g and other, or with other
-// undefined the sum of g over rows: a linear's bias) is finite iff they are: lets GradScaler
-// check them instead (amp/finite_witness.h).
+// undefined the sum of g over rows: a linear's bias) is finite iff they are: an inf/NaN check
+// may read them instead (core/finite_proxy.h).
 void note_wide_gemm(const Tensor& grad, const Tensor& g, const Tensor& other) {
   if (!grad.defined() || grad.dtype() != kFloat32 || g.dtype() != kFloat16) return;
   if (other.defined()) {
     if (other.dtype() != kFloat16) return;
-    amp::detail::note_finite_witness(grad, {g, other});
+    detail::set_finite_proxy(grad, {g, other});
   } else {
-    amp::detail::note_finite_witness(grad, {g});
+    detail::set_finite_proxy(grad, {g});
   }
 }
 }  // namespace
@@ -84,12 +84,12 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   TG_AUTOCAST(Linear, tg::linear(x, weight, bias), x, weight, bias);
-  if (detail::tls_tracer) [[unlikely]] {  // export sees matmul + add, as before linear existed
-    native::check_linear(x, weight, bias);
-    Tensor y = tg::matmul(x, weight.t());
-    return bias.defined() ? y + bias : y;
-  }
   Tensor out = native::linear(x, weight, bias);
+  if (bias.defined()) {
+    TG_TRACE(Linear, out, {x, weight, bias}, {});
+  } else {
+    TG_TRACE(Linear, out, {x, weight}, {});
+  }
   if (!should_record(x, weight, bias)) return out;
   SavedTensor sx = autograd::requires_grad(weight) ? SavedTensor(x, "linear") : SavedTensor();
   SavedTensor sw = autograd::requires_grad(x) ? SavedTensor(weight, "linear") : SavedTensor();

@@ -3,7 +3,7 @@
 // broadcasts against the input again.
 #include <vector>
 
-#include <tapegrad/amp/hook.h>
+#include <tapegrad/core/autocast_hook.h>
 #include <tapegrad/autograd/function.h>
 #include <tapegrad/core/trace.h>
 

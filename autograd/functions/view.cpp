@@ -5,7 +5,7 @@
 #include <limits>
 #include <vector>
 
-#include <tapegrad/amp/hook.h>
+#include <tapegrad/core/autocast_hook.h>
 #include <tapegrad/autograd/function.h>
 #include <tapegrad/core/trace.h>
 
@@ -22,9 +22,9 @@ namespace {
 Tensor reshape_back(const char* name, const Tensor& a, Tensor out) {
   if (!should_record(a)) return out;
   Shape in_shape = a.sizes();
-  return autograd::pass_grad_dtype(
-      record(name, {a}, std::move(out),
-             [in_shape](const Tensor& g, const FunctionNode&) -> Grads { return {native::reshape(g, in_shape)}; }));
+  return autograd::record_view(
+      name, a, std::move(out),
+      [in_shape](const Tensor& g, const FunctionNode&) -> Grads { return {native::reshape(g, in_shape)}; });
 }
 // Normalizes a slice bound as Python does: negative counts from the end, then clamped.
 int64_t slice_bound(int64_t v, int64_t size) {
@@ -63,9 +63,9 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
   Tensor out = native::transpose(*this, d0, d1);
   TG_TRACE(Transpose, out, {*this}, {{"dim0", d0}, {"dim1", d1}});
   if (!should_record(*this)) return out;
-  return autograd::pass_grad_dtype(
-      record("transpose", {*this}, std::move(out),
-             [d0, d1](const Tensor& g, const FunctionNode&) -> Grads { return {native::transpose(g, d0, d1)}; }));
+  return autograd::record_view(
+      "transpose", *this, std::move(out),
+      [d0, d1](const Tensor& g, const FunctionNode&) -> Grads { return {native::transpose(g, d0, d1)}; });
 }
 
 Tensor Tensor::t() const {
@@ -87,9 +87,9 @@ Tensor Tensor::permute(Shape dims) const {
   if (!should_record(*this)) return out;
   Shape inverse(static_cast<size_t>(nd));
   for (int64_t i = 0; i < nd; ++i) inverse[detail::wrap_dim(dims[i], nd, "permute")] = i;
-  return autograd::pass_grad_dtype(
-      record("permute", {*this}, std::move(out),
-             [inverse](const Tensor& g, const FunctionNode&) -> Grads { return {native::permute(g, inverse)}; }));
+  return autograd::record_view(
+      "permute", *this, std::move(out),
+      [inverse](const Tensor& g, const FunctionNode&) -> Grads { return {native::permute(g, inverse)}; });
 }
 
 Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) const {
@@ -185,20 +185,21 @@ Tensor Tensor::to(Device device, bool non_blocking) const {
 
 Tensor Tensor::to(DType dtype) const { return to(device(), dtype); }
 
-Tensor Tensor::to(Device device, DType dtype) const {
-  Tensor out = native::to(*this, device, dtype);
-  TG_TRACE(To, out, {*this}, {{"dtype", dtype}});
-  if (out.is_same(*this) || !should_record(*this)) return out;
-  const Device in_device = this->device();
-  const DType in_dtype = this->dtype();
+Tensor Tensor::to(Device device, DType dtype) const { return autograd::finish_to(*this, native::to(*this, device, dtype)); }
+
+Tensor autograd::finish_to(const Tensor& src, Tensor out) {
+  TG_TRACE(To, out, {src}, {{"dtype", out.dtype()}});
+  if (out.is_same(src) || !should_record(src)) return out;
+  const Device in_device = src.device();
+  const DType in_dtype = src.dtype();
   Tensor res =
-      record("to", {*this}, std::move(out), [in_device, in_dtype](const Tensor& g, const FunctionNode&) -> Grads {
+      record("to", {src}, std::move(out), [in_device, in_dtype](const Tensor& g, const FunctionNode&) -> Grads {
         return {native::to(g, in_device, in_dtype)};  // back to the input's dtype and device (g itself if it is)
       });
   // A float32 -> float16 / bfloat16 cast on one device also takes a float32 gradient and passes it
   // through: matmul and linear then store their gradient in float32 directly (autocast's weights).
   if (in_dtype == kFloat32 && is_reduced_float(res.dtype()) && res.device() == in_device)
-    res.grad_fn()->wide_grad_dtype = kFloat32;
+    res.grad_fn()->input_meta.at(res.impl().autograd->output_nr).wide_dtype = kFloat32;
   return res;
 }
 
@@ -207,8 +208,8 @@ Tensor Tensor::contiguous() const {
   Tensor out = native::contiguous(*this);
   TG_TRACE(Contiguous, out, {*this}, {});
   if (!should_record(*this)) return out;
-  return autograd::pass_grad_dtype(
-      record("contiguous", {*this}, std::move(out), [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; }));
+  return autograd::record_view("contiguous", *this, std::move(out),
+                               [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
 }
 
 Tensor Tensor::clone() const {

@@ -17,7 +17,7 @@ namespace tg::optim::cuda {
 // multi-tensor launch of the bucket: the step counts advance in its epilogue.
 // shadows: empty, or one entry per parameter: undefined, or a contiguous float16 /
 // bfloat16 tensor (one dtype per bucket, float32 parameters only) that receives the
-// round-to-nearest-even cast of the updated parameter in the same pass (amp/shadow.h).
+// round-to-nearest-even cast of the updated parameter in the same pass (core/cast_copies.h).
 // A step skipped on the device (found_inf) leaves the shadows untouched too.
 struct SgdLists {
   std::vector<Tensor> params, grads, momentum_buffers, steps;  // buffers/steps empty without momentum

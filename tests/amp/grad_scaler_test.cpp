@@ -14,7 +14,7 @@
 
 #include <tapegrad/tapegrad.h>
 
-#include <tapegrad/amp/finite_witness.h>
+#include <tapegrad/core/finite_proxy.h>
 
 namespace tg::testing {
 namespace {
@@ -389,7 +389,7 @@ TEST(GradScaler, DisabledIsTransparent) {
 }
 
 // The check reads the float16 operands of a float32 weight gradient instead of the gradient
-// (amp/finite_witness.h). Whatever the operands hold, found_inf must equal whether the
+// (core/finite_proxy.h). Whatever the operands hold, found_inf must equal whether the
 // gradient itself has a non-finite element (computed here on the host), including an
 // infinity met by zeros (inf * 0 = NaN) and the largest float16 values (no overflow in
 // float32). x @ w under float16 autocast, w a float32 leaf [256, 256], x [32, 256]; the
@@ -418,7 +418,7 @@ void run_witness_case(Device dev, const WitnessCase& c) {
   Tensor gout = tensor(gv, {kB, kOut}, TensorOptions().device(dev)).to(kFloat16);
   optim::SGD opt({w}, {.lr = 0.1});
   amp::GradScaler scaler({.init_scale = 1.0});
-  amp::detail::reset_finite_witness_hits();
+  tg::detail::reset_finite_proxy_hits();
   Tensor loss;
   {
     amp::autocast ac(dev.type(), kFloat16);
@@ -432,11 +432,11 @@ void run_witness_case(Device dev, const WitnessCase& c) {
   ASSERT_EQ(non_finite, c.expect_non_finite) << "the case does not test what it says";
   const std::vector<uint8_t> before = bytes_of(w);
   scaler.step(opt);
-  EXPECT_EQ(amp::detail::finite_witness_hits(), 1) << "the check did not use the gemm's operands";
+  EXPECT_EQ(tg::detail::finite_proxy_hits(), 1) << "the check did not use the gemm's operands";
   EXPECT_EQ(scaler.found_inf(opt).item<float>(), non_finite ? 1.f : 0.f);
   EXPECT_EQ(bytes_of(w) == before, non_finite) << "a step must run exactly when the gradient is finite";
   scaler.update();
-  EXPECT_EQ(amp::detail::finite_witness_entries(), 0);
+  EXPECT_FALSE(tg::detail::has_finite_proxy(w.grad())) << "the check must take the proxy";
 }
 
 TEST(GradScaler, FiniteWitnessAgreesWithTheGradient) {
@@ -451,10 +451,10 @@ TEST(GradScaler, FiniteWitnessAgreesWithTheGradient) {
     for (const WitnessCase& c : cases) run_witness_case(dev, c);
 }
 
-// nn::Linear's weight and bias gradients: the bias gradient (the output gradient summed over
-// the batch) is covered by the output gradient that the weight's witness reads anyway, so the
-// check reads x and the output gradient only. found_inf follows an inf in the input.
-TEST(GradScaler, FiniteWitnessCoversLinearWeightAndBias) {
+// nn::Linear's weight and bias gradients: the weight's is checked through its proxy (x and the
+// output gradient), the bias's (smaller than its operand) itself. found_inf follows an inf in
+// the input.
+TEST(GradScaler, FiniteProxyCoversLinearWeight) {
   for (Device dev : devices()) {
     SCOPED_TRACE(dev.str());
     manual_seed(8);
@@ -478,9 +478,9 @@ TEST(GradScaler, FiniteWitnessCoversLinearWeightAndBias) {
       for (const Tensor& p : lin.parameters())
         for (float v : p.grad().to(kFloat32).to_vector<float>()) non_finite |= !std::isfinite(v);
       ASSERT_EQ(non_finite, poison);
-      amp::detail::reset_finite_witness_hits();
+      tg::detail::reset_finite_proxy_hits();
       scaler.step(opt);
-      EXPECT_EQ(amp::detail::finite_witness_hits(), 2) << "weight and bias both covered";
+      EXPECT_EQ(tg::detail::finite_proxy_hits(), 1) << "the weight's gradient is not covered";
       EXPECT_EQ(scaler.found_inf(opt).item<float>(), poison ? 1.f : 0.f);
       scaler.update();
     }
@@ -505,22 +505,22 @@ TEST(GradScaler, FiniteWitnessDroppedWhenStale) {
       }
       scaler.scale(loss).backward();
     };
-    amp::detail::reset_finite_witness_hits();
+    tg::detail::reset_finite_proxy_hits();
     backward();
     {
       NoGradGuard ng;
       w.grad().view({-1}).slice(0, 0, 1).fill_(std::numeric_limits<float>::infinity());
     }
     scaler.step(opt);
-    EXPECT_EQ(amp::detail::finite_witness_hits(), 0);
+    EXPECT_EQ(tg::detail::finite_proxy_hits(), 0);
     EXPECT_EQ(scaler.found_inf(opt).item<float>(), 1.f) << "the inf written after backward was missed";
     scaler.update();
     backward();
     scaler.unscale_(opt);
-    EXPECT_EQ(amp::detail::finite_witness_entries(), 0) << "unscale_ must consume the entries";
+    EXPECT_FALSE(tg::detail::has_finite_proxy(w.grad())) << "unscale_ must take the proxy";
     scaler.step(opt);
     scaler.update();
-    EXPECT_EQ(amp::detail::finite_witness_hits(), 0);
+    EXPECT_EQ(tg::detail::finite_proxy_hits(), 0);
   }
 }
 
@@ -540,25 +540,35 @@ TEST(GradScaler, FiniteWitnessSkippedForLargeOperands) {
       loss = lin(x).pow(2).mean();
     }
     scaler.scale(loss).backward();
-    EXPECT_EQ(amp::detail::finite_witness_entries(), 0);
-    amp::detail::reset_finite_witness_hits();
+    for (const Tensor& p : lin.parameters()) EXPECT_FALSE(tg::detail::has_finite_proxy(p.grad())) << p.sizes();
+    tg::detail::reset_finite_proxy_hits();
     scaler.step(opt);
-    EXPECT_EQ(amp::detail::finite_witness_hits(), 0);
+    EXPECT_EQ(tg::detail::finite_proxy_hits(), 0);
     EXPECT_EQ(scaler.found_inf(opt).item<float>(), 0.f);
     scaler.update();
   }
 }
 
-// Without an enabled GradScaler alive nothing is recorded (no operands kept alive).
-TEST(GradScaler, FiniteWitnessOnlyWithAScaler) {
+// The proxy is the gradient's: without a GradScaler to take it, it lives exactly as long as the
+// gradient does (its operands are freed with it), and the next backward's gradient has its own.
+TEST(GradScaler, FiniteProxyLivesWithTheGradient) {
   for (Device dev : devices()) {
+    SCOPED_TRACE(dev.str());
     Tensor w = (randn({256, 256}, TensorOptions().device(dev)) * 0.01).requires_grad_();
     Tensor x = randn({16, 256}, TensorOptions().device(dev));
-    {
-      amp::autocast ac(dev.type(), kFloat16);
-      matmul(x, w).sum().backward();
+    optim::SGD opt({w}, {.lr = 0.1});
+    std::weak_ptr<TensorImpl> operand;
+    for (int i = 0; i < 2; ++i) {
+      opt.zero_grad();
+      EXPECT_TRUE(operand.expired()) << "the previous gradient's operands outlived it";
+      {
+        amp::autocast ac(dev.type(), kFloat16);
+        matmul(x, w).pow(2).mean().backward();
+      }
+      ASSERT_TRUE(tg::detail::has_finite_proxy(w.grad()));
+      operand = w.grad().impl().finite_proxy->operands.at(0).impl_ptr();
+      EXPECT_FALSE(operand.expired());
     }
-    EXPECT_EQ(amp::detail::finite_witness_entries(), 0) << dev;
   }
 }
 

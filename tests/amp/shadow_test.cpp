@@ -1,9 +1,9 @@
-// Shadow low-precision weights (amp/shadow.h): after N autocast steps with a fused
-// CUDA optimizer the kept cast of every parameter equals param.to(float16) bit for
-// bit; it is reused (counted casts); an in-place edit, load_state_dict and a
-// refresh behave; a step skipped on inf keeps it valid; training is bit-identical
-// to training without shadows; a captured CUDA graph reads and updates it. CUDA
-// cases skip without a GPU; the CPU case checks that the CPU keeps none.
+// The kept lower-precision copies of parameters (core/cast_copies.h): after N autocast steps
+// with a fused CUDA optimizer the copy of every parameter equals param.to(float16) bit for bit;
+// it is reused (counted casts); an in-place edit, load_state_dict and a stale copy behave; a
+// step skipped on inf keeps it valid; training is bit-identical to training without copies; a
+// captured CUDA graph reads and updates it, and its replays recast stale ones. CUDA cases skip
+// without a GPU; the CPU case checks that the CPU keeps none.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -14,12 +14,12 @@
 
 #include <tapegrad/tapegrad.h>
 
-#include <tapegrad/amp/shadow.h>
+#include <tapegrad/core/cast_copies.h>
 
 namespace tg::testing {
 namespace {
 
-namespace sh = amp::detail;
+namespace sh = tg::detail;
 
 std::vector<unsigned char> bytes_of(const Tensor& t) {
   Tensor c = t.detach().cpu().contiguous();
@@ -28,8 +28,8 @@ std::vector<unsigned char> bytes_of(const Tensor& t) {
   return out;
 }
 
-// Linear(64, 32) (its weight reaches matmul as weight.t(), a view) then a bare
-// float32 leaf [32, 16] used directly: both are lowered to float16 under autocast.
+// Linear(64, 32) then a bare float32 leaf [32, 16] in a matmul: both lowered to float16 under
+// autocast.
 struct Model : nn::Module {
   explicit Model(Device dev) {
     lin = register_module("lin", std::make_shared<nn::Linear>(64, 32, true, TensorOptions().device(dev)));
@@ -86,7 +86,7 @@ struct Rig {
 
 void expect_shadows_are_fresh_casts(const Rig& r, const std::string& what) {
   for (const Tensor& p : r.lowered()) {
-    Tensor s = sh::shadow_of(p, kFloat16);
+    Tensor s = sh::cast_copy_of(p, kFloat16);
     ASSERT_TRUE(s.defined()) << what << ": no valid shadow for a parameter of shape " << p.sizes();
     EXPECT_EQ(s.dtype(), kFloat16);
     EXPECT_EQ(bytes_of(s), bytes_of(p.detach().to(kFloat16))) << what << ": shadow of shape " << p.sizes();
@@ -98,18 +98,17 @@ TEST(Shadow, EqualsFreshCastAfterStepsAndIsReused) {
   const int steps = 5;
   for (const auto& [name, make] : optimizers()) {
     SCOPED_TRACE(name);
-    sh::clear_shadows();
-    sh::reset_shadow_counters();
+    sh::reset_cast_copy_counters();
     Rig r(Device(kCUDA), make);
     for (int i = 0; i < steps; ++i) {
       r.step();
       expect_shadows_are_fresh_casts(r, name + " step " + std::to_string(i));
     }
     // Each lowered parameter was cast once (first region), then reused by every later region.
-    const int64_t n = sh::shadow_count();
+    const int64_t n = sh::cast_copy_count();
     EXPECT_GE(n, 2);  // weight and w2 (a bias lowered by a fused linear would add one)
-    EXPECT_EQ(sh::shadow_casts(), n);
-    EXPECT_EQ(sh::shadow_hits(), n * (steps - 1));
+    EXPECT_EQ(sh::cast_copy_casts(), n);
+    EXPECT_EQ(sh::cast_copy_hits(), n * (steps - 1));
     // Activations and tensors that need no grad get no shadow.
     {
       amp::autocast guard(kCUDA);
@@ -117,7 +116,7 @@ TEST(Shadow, EqualsFreshCastAfterStepsAndIsReused) {
       matmul(r.x, act);
       matmul(r.x, randn({64, 8}, Device(kCUDA)));
     }
-    EXPECT_EQ(sh::shadow_count(), n);
+    EXPECT_EQ(sh::cast_copy_count(), n);
   }
 }
 
@@ -128,72 +127,68 @@ TEST(Shadow, TrainingIsBitIdenticalToFreshCasts) {
     SCOPED_TRACE(name);
     std::vector<std::vector<unsigned char>> runs[2];
     for (int with : {1, 0}) {
-      sh::clear_shadows();
-      sh::set_shadows_enabled(with == 1);
+      sh::set_cast_copies_enabled(with == 1);
       Rig r(Device(kCUDA), make);
       for (int i = 0; i < 4; ++i) runs[with].push_back(bytes_of(r.step()));
       for (const Tensor& p : r.model->parameters()) runs[with].push_back(bytes_of(p));
-      if (with == 0) EXPECT_EQ(sh::shadow_count(), 0);
+      if (with == 0) EXPECT_EQ(sh::cast_copy_count(), 0);
     }
-    sh::set_shadows_enabled(true);
+    sh::set_cast_copies_enabled(true);
     EXPECT_EQ(runs[1], runs[0]);
   }
 }
 
 TEST(Shadow, GradientsReachTheFloat32Parameter) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  sh::clear_shadows();
   Rig r(Device(kCUDA), optimizers()[0].second);
   r.step();  // the next forward reads shadows
-  sh::reset_shadow_counters();
+  sh::reset_cast_copy_counters();
   r.opt->zero_grad();
   r.forward().backward();
-  EXPECT_GE(sh::shadow_hits(), 2);
+  EXPECT_GE(sh::cast_copy_hits(), 2);
   std::vector<std::vector<unsigned char>> with;
   for (const Tensor& p : r.lowered()) {
     ASSERT_TRUE(p.grad().defined());
     EXPECT_EQ(p.grad().dtype(), kFloat32);
     with.push_back(bytes_of(p.grad()));
   }
-  sh::set_shadows_enabled(false);
+  sh::set_cast_copies_enabled(false);
   r.opt->zero_grad();
   r.forward().backward();
-  sh::set_shadows_enabled(true);
+  sh::set_cast_copies_enabled(true);
   for (size_t i = 0; i < with.size(); ++i) EXPECT_EQ(bytes_of(r.lowered()[i].grad()), with[i]) << i;
 }
 
 TEST(Shadow, InPlaceEditInvalidates) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  sh::clear_shadows();
   Rig r(Device(kCUDA), optimizers()[2].second);
   r.step();
   r.step();
   const Tensor w = r.model->lin->weight;
-  ASSERT_TRUE(sh::shadow_of(w, kFloat16).defined());
+  ASSERT_TRUE(sh::cast_copy_of(w, kFloat16).defined());
   {
     NoGradGuard ng;
     w.mul_(0.5);
   }
-  EXPECT_FALSE(sh::shadow_of(w, kFloat16).defined());
-  EXPECT_TRUE(sh::shadow_of(r.model->w2, kFloat16).defined());  // the other one is untouched
-  sh::reset_shadow_counters();
+  EXPECT_FALSE(sh::cast_copy_of(w, kFloat16).defined());
+  EXPECT_TRUE(sh::cast_copy_of(r.model->w2, kFloat16).defined());  // the other one is untouched
+  sh::reset_cast_copy_counters();
   Tensor loss = r.forward();
-  EXPECT_EQ(sh::shadow_casts(), 1);  // only the edited weight is cast again
-  EXPECT_GE(sh::shadow_hits(), 1);
-  EXPECT_EQ(bytes_of(sh::shadow_of(w, kFloat16)), bytes_of(w.detach().to(kFloat16)));
+  EXPECT_EQ(sh::cast_copy_casts(), 1);  // only the edited weight is cast again
+  EXPECT_GE(sh::cast_copy_hits(), 1);
+  EXPECT_EQ(bytes_of(sh::cast_copy_of(w, kFloat16)), bytes_of(w.detach().to(kFloat16)));
   r.step();
   expect_shadows_are_fresh_casts(r, "after the edit and a step");
 }
 
 TEST(Shadow, LoadStateDictInvalidates) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  sh::clear_shadows();
   Rig r(Device(kCUDA), optimizers()[1].second);
   Rig other(Device(kCUDA), optimizers()[1].second, 99);
   r.step();
   r.step();
   r.model->load_state_dict(other.model->state_dict());
-  for (const Tensor& p : r.lowered()) EXPECT_FALSE(sh::shadow_of(p, kFloat16).defined());
+  for (const Tensor& p : r.lowered()) EXPECT_FALSE(sh::cast_copy_of(p, kFloat16).defined());
   // The next forward sees the loaded weights: the same loss as the model they came from.
   other.x = r.x;
   EXPECT_EQ(bytes_of(r.forward()), bytes_of(other.forward()));
@@ -204,7 +199,6 @@ TEST(Shadow, SkippedStepKeepsItValid) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   for (const auto& [name, make] : optimizers()) {
     SCOPED_TRACE(name);
-    sh::clear_shadows();
     Rig r(Device(kCUDA), make);
     r.step();
     std::vector<std::vector<unsigned char>> before;
@@ -213,47 +207,48 @@ TEST(Shadow, SkippedStepKeepsItValid) {
     EXPECT_EQ(r.scaler.get_scale(), 512.0);  // the step was skipped
     for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(bytes_of(r.lowered()[i]), before[i]);
     expect_shadows_are_fresh_casts(r, "after a skipped step");
-    sh::reset_shadow_counters();
+    sh::reset_cast_copy_counters();
     r.step();
-    EXPECT_EQ(sh::shadow_casts(), 0);  // still reused
+    EXPECT_EQ(sh::cast_copy_casts(), 0);  // still reused
     expect_shadows_are_fresh_casts(r, "after the next step");
   }
 }
 
-TEST(Shadow, RefreshRecastsStaleShadowsInPlace) {
+// A stale copy that nothing else holds is recast in its own memory by the next region.
+TEST(Shadow, StaleCopyIsRecastInPlace) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  sh::clear_shadows();
   Rig r(Device(kCUDA), optimizers()[0].second);
   r.step();
   const Tensor w = r.model->w2;
-  const Tensor old = sh::shadow_of(w, kFloat16);
-  ASSERT_TRUE(old.defined());
+  void* const addr = sh::cast_copy_of(w, kFloat16).data_ptr();  // the address only: holding it would pin it
+  ASSERT_NE(addr, nullptr);
   {
     NoGradGuard ng;
     w.add_(1.0);
   }
-  EXPECT_EQ(sh::refresh_shadows(), 1);
-  Tensor now = sh::shadow_of(w, kFloat16);
+  EXPECT_FALSE(sh::cast_copy_of(w, kFloat16).defined());
+  sh::reset_cast_copy_counters();
+  r.forward();
+  EXPECT_EQ(sh::cast_copy_casts(), 1);
+  Tensor now = sh::cast_copy_of(w, kFloat16);
   ASSERT_TRUE(now.defined());
-  EXPECT_EQ(now.data_ptr(), old.data_ptr());  // same memory: what a captured graph reads
+  EXPECT_EQ(now.data_ptr(), addr);
   EXPECT_EQ(bytes_of(now), bytes_of(w.detach().to(kFloat16)));
-  EXPECT_EQ(sh::refresh_shadows(), 0);
 }
 
 // A captured step reads the shadows (no cast in the graph) and its optimizer
 // launch keeps them equal to the casts of the replayed weights.
 TEST(Shadow, CapturedStepReadsAndUpdatesShadows) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  sh::clear_shadows();
   cuda::Stream side;
   cuda::StreamGuard guard(side);
   Rig graphed(Device(kCUDA), optimizers()[0].second), eager(Device(kCUDA), optimizers()[0].second);
   for (int i = 0; i < 3; ++i) graphed.step();
-  sh::reset_shadow_counters();
+  sh::reset_cast_copy_counters();
   cuda::Graph graph;
   graph.capture([&] { graphed.step(); });
-  EXPECT_EQ(sh::shadow_casts(), 0);
-  EXPECT_GE(sh::shadow_hits(), 2);
+  EXPECT_EQ(sh::cast_copy_casts(), 0);
+  EXPECT_GE(sh::cast_copy_hits(), 2);
   for (int i = 0; i < 3; ++i) graph.replay();
   for (int i = 0; i < 6; ++i) eager.step();
   side.synchronize();
@@ -261,41 +256,40 @@ TEST(Shadow, CapturedStepReadsAndUpdatesShadows) {
   for (size_t i = 0; i < graphed.lowered().size(); ++i)
     EXPECT_EQ(bytes_of(graphed.lowered()[i]), bytes_of(eager.lowered()[i])) << i;
 
-  // The graph holds the shadows' addresses: they are pinned (clear_shadows keeps them)
-  // and a stale one is recast in place, by an eager region or by refresh_shadows().
+  // The graph holds the copies' addresses: they are pinned, and a stale one is recast in place,
+  // by an eager region or by the replay itself (a prologue the capture registered).
   const Tensor w2 = graphed.model->w2;
-  void* const addr = sh::shadow_of(w2, kFloat16).data_ptr();
-  sh::clear_shadows();
-  ASSERT_TRUE(sh::shadow_of(w2, kFloat16).defined());
-  EXPECT_EQ(sh::shadow_of(w2, kFloat16).data_ptr(), addr);
+  void* const addr = sh::cast_copy_of(w2, kFloat16).data_ptr();
   for (bool by_region : {true, false}) {
     auto halve = [](Rig& r) {
       NoGradGuard ng;
       r.model->w2.mul_(0.5);
     };
     halve(graphed);
-    if (by_region)
+    if (by_region) {
       graphed.forward();
-    else
-      EXPECT_EQ(sh::refresh_shadows(), 1);
+      ASSERT_TRUE(sh::cast_copy_of(w2, kFloat16).defined());
+      EXPECT_EQ(sh::cast_copy_of(w2, kFloat16).data_ptr(), addr);
+    } else {
+      EXPECT_FALSE(sh::cast_copy_of(w2, kFloat16).defined());  // stale until the replay
+    }
     halve(eager);
-    ASSERT_TRUE(sh::shadow_of(w2, kFloat16).defined());
-    EXPECT_EQ(sh::shadow_of(w2, kFloat16).data_ptr(), addr);
     graph.replay();
     eager.step();
     side.synchronize();
-    expect_shadows_are_fresh_casts(graphed, by_region ? "replay after a region" : "replay after refresh");
+    ASSERT_TRUE(sh::cast_copy_of(w2, kFloat16).defined());
+    EXPECT_EQ(sh::cast_copy_of(w2, kFloat16).data_ptr(), addr);
+    expect_shadows_are_fresh_casts(graphed, by_region ? "replay after a region" : "replay alone");
     for (size_t i = 0; i < graphed.lowered().size(); ++i)
       EXPECT_EQ(bytes_of(graphed.lowered()[i]), bytes_of(eager.lowered()[i])) << i;
   }
 }
 
 TEST(Shadow, CpuKeepsNone) {
-  sh::clear_shadows();
   Rig r(Device(kCPU), optimizers()[0].second);
   r.step();
   r.step();
-  EXPECT_EQ(sh::shadow_count(), 0);
+  EXPECT_EQ(sh::cast_copy_count(), 0);
 }
 
 }  // namespace

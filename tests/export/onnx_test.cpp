@@ -127,6 +127,43 @@ TEST(ExportOnnx, ManyOps) {
   check_with_onnxruntime(ep, {tg::randn({4, 6}), tg::randn({4, 3})}, {"x0", "x1"});
 }
 
+// linear (with and without a bias) and mse_loss (every reduction) are recorded as themselves
+// and lowered to MatMul / Add and Sub / Mul / Reduce*; a float16 input widened by autocast's
+// float32 ops inside their kernels (exp, log, sqrt, pow) is lowered with a Cast first.
+TEST(ExportOnnx, LinearMseLossAndWideningOps) {
+  if (!have_onnx_python()) GTEST_SKIP() << "python3 with onnx, onnxruntime and numpy not found";
+  tg::manual_seed(13);
+  auto w = tg::randn({5, 6}), b = tg::randn({5}), w2 = tg::randn({3, 5});
+  auto fn = [&](const std::vector<tg::Tensor>& in) {
+    auto h = tg::linear(in[0], w, b).tanh();
+    auto o = tg::linear(h, w2);
+    std::vector<tg::Tensor> out{o, tg::nn::functional::mse_loss(o, in[1]),
+                                tg::nn::functional::mse_loss(o, in[1], "sum"),
+                                tg::nn::functional::mse_loss(o, in[1].slice(0, 0, 1), "none")};
+    // (No float16 arithmetic before the widening ops: ONNX Runtime's CPU float16 Add does not
+    // round as IEEE float16 does.)
+    tg::Tensor x16 = in[0].abs().to(tg::kFloat16), y16 = (in[0].abs() + 1).to(tg::kFloat16);
+    tg::amp::autocast ac(tg::kCPU, tg::kFloat16);
+    for (tg::Tensor t : {x16.exp(), y16.log(), x16.sqrt(), in[0].to(tg::kFloat16).pow(2.0)}) {
+      EXPECT_EQ(t.dtype(), tg::kFloat32);
+      out.push_back(t);
+    }
+    return out;
+  };
+  auto ep = tg::export_function(fn, {tg::randn({4, 6}), tg::randn({4, 3})}, {{"w", w}, {"b", b}, {"w2", w2}});
+  const std::string g = ep.graph();
+  for (const char* s : {"linear(", "mse_loss(", "exp(", "log(", "sqrt("}) EXPECT_NE(g.find(s), std::string::npos) << s << g;
+  EXPECT_EQ(g.find("matmul("), std::string::npos) << g;
+  const std::vector<tg::Tensor> in{tg::randn({4, 6}), tg::randn({4, 3})};
+  const std::vector<tg::Tensor> got = ep.run(in), want = fn(in);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].dtype(), want[i].dtype()) << i;
+    expect_close(to_f64(got[i]), to_f64(want[i]), 1e-6);
+  }
+  check_with_onnxruntime(ep, in, {"x0", "x1"});
+}
+
 TEST(ExportOnnx, UnsupportedOpIsAnError) {
   // A program that needs var over the symbolic batch dim cannot be expressed statically.
   auto fn = [](const std::vector<tg::Tensor>& in) { return std::vector<tg::Tensor>{in[0].var(0)}; };

@@ -322,20 +322,30 @@ TEST(MseLossLarge, MultiBlockMatchesReferenceAndRepeats) {
   }
 }
 
-// Export sees the composite: with a tracer installed mse_loss records sub, mul, mean.
-TEST(MseLossTrace, TracerSeesComposite) {
+// The trace records the public op, mse_loss with its reduction, whether it ran as the fused
+// kernel (same shapes) or as a composite (broadcasting): never the ops it is made of.
+TEST(MseLossTrace, TracerSeesMseLoss) {
   struct Recorder : tg::detail::Tracer {
     std::vector<tg::OpKind> ops;
-    void record(tg::OpKind op, const Tensor&, std::vector<Tensor>, std::vector<tg::detail::TraceAttr>) override {
+    std::vector<int64_t> reductions;
+    void record(tg::OpKind op, const Tensor&, std::vector<Tensor>, std::vector<tg::detail::TraceAttr> attrs) override {
       ops.push_back(op);
+      for (const auto& a : attrs)
+        if (std::string(a.name) == "reduction") reductions.push_back(std::get<int64_t>(a.value));
     }
-  } rec;
-  Tensor a = tg::randn({4, 3}), b = tg::randn({4, 3});
-  {
-    tg::detail::TracerGuard guard(&rec);
-    (void)F::mse_loss(a, b);
+  };
+  Tensor a = tg::randn({4, 3});
+  for (Tensor b : {tg::randn({4, 3}), tg::randn({3})}) {
+    Recorder rec;
+    {
+      tg::detail::TracerGuard guard(&rec);
+      (void)F::mse_loss(a, b);
+      (void)F::mse_loss(a, b, "sum");
+      (void)F::mse_loss(a, b, "none");
+    }
+    EXPECT_EQ(rec.ops, std::vector<tg::OpKind>(3, tg::OpKind::MseLoss)) << b.sizes();
+    EXPECT_EQ(rec.reductions, (std::vector<int64_t>{1, 2, 0})) << b.sizes();
   }
-  EXPECT_EQ(rec.ops, (std::vector<tg::OpKind>{tg::OpKind::Sub, tg::OpKind::Mul, tg::OpKind::Mean}));
 }
 
 // Captured into a CUDA graph (both reduction paths: one block, and partials with the

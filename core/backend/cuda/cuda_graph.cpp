@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <tapegrad/core/backend/cuda/done_counters.h>
 #include <tapegrad/core/backend/cuda/launch_queue.h>
@@ -48,6 +49,10 @@ void set_stream(int device, cudaStream_t s) { set_current_stream(Stream::wrap(s,
 
 void warn(const std::string& what) { ::tg::detail::log_warning("tg::cuda::Graph: " + what); }
 
+struct GraphState;
+// The Graph this thread is capturing into (captures are thread-local: cudaStreamCaptureModeThreadLocal).
+thread_local GraphState* tls_capturing = nullptr;
+
 // Everything a Graph owns; the methods below keep it consistent.
 struct GraphState {
   int device = -1;
@@ -62,9 +67,11 @@ struct GraphState {
   unsigned long long capture_id = 0;   // the capture's id while capturing (its counter arena's key)
   DataPtr counter_arena;               // zeroed before the capture; captured launches take slices
   std::shared_ptr<void> workspace;     // the capture stream's cuBLAS workspace, which replays use
+  std::vector<std::function<void()>> prologues;  // run before each replay (detail::add_replay_prologue)
 
   // Routes allocations back to the general cache and restores the current stream. Never throws.
   void leave_capture() noexcept {
+    if (tls_capturing == this) tls_capturing = nullptr;
     detail::clear_capture_counter_arena(capture_id);
     detail::graph_pool_capture_end(device);
     if (switched) {
@@ -94,6 +101,7 @@ struct GraphState {
   // synchronised first; when that fails the pool stays reserved (never reused while in use).
   void drop() {
     abort_capture();
+    prologues.clear();
     if (!exec && !graph && !pool && !counter_arena.get()) return;
     detail::DeviceGuard g(device);
     detail::flush_launches();
@@ -221,6 +229,7 @@ void Graph::capture_begin() {
   m.pool = pool;
   m.capturing = true;
   m.thread = std::this_thread::get_id();
+  tls_capturing = &m;
 }
 
 void Graph::capture_end() {
@@ -284,10 +293,18 @@ void Graph::capture(const std::function<void()>& fn) {
 }
 
 namespace detail {
-namespace {
-std::atomic<void (*)()> g_before_replay{nullptr};
-}  // namespace
-void set_before_replay_hook(void (*hook)()) { g_before_replay.store(hook); }
+bool add_replay_prologue(std::function<void()> fn) {
+  if (tls_capturing == nullptr) return false;
+  tls_capturing->prologues.push_back(std::move(fn));
+  return true;
+}
+bool stream_capturing(int device) {
+  try {
+    return current_stream_capturing(device);
+  } catch (const Error&) {
+    return true;  // the query failed (e.g. an implicit capture dependency): capturing is the safe answer
+  }
+}
 }  // namespace detail
 
 void Graph::replay() {
@@ -295,7 +312,7 @@ void Graph::replay() {
   TG_CHECK(is_captured(), "tg::cuda::Graph::replay: nothing captured (call capture() first)");
   Impl& m = *impl_;
   detail::DeviceGuard g(m.device);
-  if (auto hook = detail::g_before_replay.load(std::memory_order_relaxed)) hook();
+  for (const auto& prologue : m.prologues) prologue();
   TG_CUDA_CHECK(cudaGraphLaunch(m.exec, detail::current_stream_handle(m.device)));
 }
 

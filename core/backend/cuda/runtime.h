@@ -39,7 +39,9 @@ namespace tg::cuda::detail {
 
 namespace tg::cuda::detail {
 
-// Ensures the device is current for a scope (cheap when it already is).
+// Ensures the device is current for a scope (cheap when it already is). Every CUDA op takes one
+// to run on its operands' device; while one lives, the thread is inside a CUDA op and the
+// elementwise launches it makes are not deferred (launch_queue.h).
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
@@ -58,9 +60,6 @@ cudaStream_t current_stream_handle(int device);
 // may themselves be deferred.
 cudaStream_t current_stream_noflush(int device);
 
-// Run on the current stream before every tg::cuda::Graph replay (amp uses it to recast
-// shadow weights whose float32 parameter was edited since capture). One hook; null clears.
-void set_before_replay_hook(void (*hook)());
 // Whether the current stream of `device` is being captured into a CUDA graph (then nothing
 // may synchronise with the host, so host-side checks that read device data are skipped).
 bool current_stream_capturing(int device);

@@ -30,6 +30,10 @@ bool Graph::is_captured() const { return false; }
 bool Graph::is_capturing() const { return false; }
 int Graph::device() const { return -1; }
 size_t Graph::num_nodes() const { return 0; }
+namespace detail {
+bool add_replay_prologue(std::function<void()>) { return false; }
+bool stream_capturing(int) { return false; }
+}  // namespace detail
 void Graph::debug_dot(const std::string&) const { TG_ERROR("tg::cuda::Graph::debug_dot: tapegrad was built without CUDA"); }
 
 }  // namespace tg::cuda

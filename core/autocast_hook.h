@@ -1,12 +1,14 @@
-// The autocast hook of the op front-ends. An op whose policy (core/op_list.h) is
-// not None starts with one line,
+// The autocast hook of the op front-ends. An op whose policy (core/op_list.h) is not None starts
+// with one line,
 //     TG_AUTOCAST(Matmul, tg::matmul(a, b), a, b);
 // naming its kind, the call that re-enters it, and its tensor operands. With
 // autocast off on this thread that is one thread-local load and a branch. With it
 // on, the operands are cast per the policy (differentiably, through Tensor::to)
 // and, if any changed, the op is called again with the cast operands (whose
 // names shadow the originals inside the call) and its result returned; the
-// second entry finds nothing left to cast and runs the op.
+// second entry finds nothing left to cast and runs the op. The casting itself, with its caches,
+// is amp/autocast.cpp's (autocast_inputs): amp sits above the ops it casts for, and the ops see
+// only this header.
 #pragma once
 #include <cstddef>
 #include <cstdint>
