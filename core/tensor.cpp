@@ -7,9 +7,9 @@
 #include <tapegrad/autograd/autograd.h>
 #include <tapegrad/core/native.h>
 #include <tapegrad/core/trace.h>
+#include <tapegrad/core/backend/backend.h>
 #ifdef TG_WITH_CUDA
-#include <tapegrad/core/backend/cuda/launch_queue.h>
-#include <tapegrad/core/backend/cuda/runtime.h>
+#include <tapegrad/core/backend/cuda/launch_queue.h>  // data_ptr() is one of the queue's flush points
 #endif
 
 namespace tg {
@@ -35,9 +35,7 @@ void Tensor::copy_to_host(void* dst) const {
     std::memcpy(dst, src.data_ptr(), nbytes());
     return;
   }
-#ifdef TG_WITH_CUDA
-  cuda::detail::copy_d2h(dst, src.data_ptr(), nbytes(), device().index());
-#endif
+  backend::get(device().type()).copy_bytes(dst, Device(kCPU), src.data_ptr(), device(), nbytes(), false);
 }
 
 Scalar Tensor::item() const {

@@ -194,6 +194,14 @@ class Backend {
   // gw: [out, in], any non-overlapping strides (the weight's layout); gw and gb (contiguous [out])
   // each of x's dtype or float32. Accumulates in float in a fixed order: bit-reproducible.
   virtual void linear_grad_weight_bias(const Tensor& gw, const Tensor& gb, const Tensor& g, const Tensor& x);
+  // nbytes of dense memory between the host and a device of this backend, or between two of its
+  // devices (dst_device / src_device say which way). Blocks the host unless non_blocking (then the
+  // host side is pinned memory and the copy is ordered on the current stream). CUDA only.
+  virtual void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes,
+                          bool non_blocking);
+  // Host memory that copies from this backend's devices land in at full speed (CUDA: pinned, from
+  // the caching host allocator); the CPU's own allocator elsewhere.
+  virtual DataPtr host_staging(size_t nbytes);
 };
 inline constexpr int kMaxAddN = 32;
 inline constexpr int kMaxGatherRows = 8;

@@ -8,9 +8,6 @@
 #include <vector>
 
 #include <tapegrad/core/native.h>
-#ifdef TG_WITH_CUDA
-#include <tapegrad/core/backend/cuda/runtime.h>
-#endif
 
 namespace tg {
 namespace backend {
@@ -50,6 +47,11 @@ namespace {
 thread_local uint64_t t_dispatches = 0;
 }
 uint64_t dispatch_count() { return t_dispatches; }
+
+void Backend::copy_bytes(void*, Device dst_device, const void*, Device src_device, size_t, bool) {
+  TG_ERROR("copy from ", src_device, " to ", dst_device, ": no such copy on this backend");
+}
+DataPtr Backend::host_staging(size_t nbytes) { return get_allocator(Device(kCPU))->allocate(nbytes); }
 
 Backend& get(DeviceType type) {
   ++t_dispatches;
@@ -414,45 +416,30 @@ void copy_(const Tensor& dst, const Tensor& src, bool non_blocking) {
     run(ElemOp::Copy, it);
     return;
   }
-#ifdef TG_WITH_CUDA
+  // Across devices: dense bytes through the device's backend (one DMA), converting dtype and
+  // layout on the side that has them.
+  TG_CHECK(backend::cuda() != nullptr, "copy_: from ", src.device(), " to ", dst.device(),
+           ": tapegrad was built without CUDA (TG_CUDA=OFF)");
   const size_t nbytes = dst.nbytes();
-  if (src.is_cpu()) {  // host -> device: convert on the host, one DMA, finish on the device
-    Tensor host = dense_as(src, dst.dtype(), shape);
-    Tensor target = dst.is_contiguous() ? dst : empty(shape, dst.dtype(), dst.device());
-    cuda::detail::copy_h2d(target.data_ptr(), host.data_ptr(), nbytes, dst.device().index(), non_blocking);
-    if (!target.is_same(dst)) copy_(dst, target);
-  } else if (dst.is_cpu()) {  // device -> host
-    Tensor dev = dense_as(src, dst.dtype(), shape);
-    Tensor target = dst.is_contiguous() ? dst : empty(shape, dst.dtype(), dst.device());
-    cuda::detail::copy_d2h(target.data_ptr(), dev.data_ptr(), nbytes, src.device().index(), non_blocking);
-    if (!target.is_same(dst)) copy_(dst, target);
-  } else {  // device -> device
-    Tensor dev = dense_as(src, dst.dtype(), shape);
-    Tensor target = dst.is_contiguous() ? dst : empty(shape, dst.dtype(), dst.device());
-    cuda::detail::copy_d2d(target.data_ptr(), dst.device().index(), dev.data_ptr(), src.device().index(), nbytes);
-    if (!target.is_same(dst)) copy_(dst, target);
-  }
-#else
-  (void)non_blocking;
-  (void)dense_as;
-  TG_ERROR("copy_: from ", src.device(), " to ", dst.device(), ": tapegrad was built without CUDA (TG_CUDA=OFF)");
-#endif
+  backend::Backend& be = backend::get(src.is_cpu() ? dst.device().type() : src.device().type());
+  Tensor moved = dense_as(src, dst.dtype(), shape);  // on src's device
+  Tensor target = dst.is_contiguous() ? dst : empty(shape, dst.dtype(), dst.device());
+  be.copy_bytes(target.data_ptr(), dst.device(), moved.data_ptr(), src.device(), nbytes, non_blocking);
+  if (!target.is_same(dst)) copy_(dst, target);
 }
 
 Tensor to(const Tensor& a, Device device, DType dtype, bool non_blocking) {
   device = resolve(device);
   if (a.device() == device && a.dtype() == dtype) return a;
   Tensor out;
-#ifdef TG_WITH_CUDA
-  if (device.is_cpu() && a.is_cuda()) {
-    // Device -> host lands in pinned memory from the caching host allocator: the DMA runs at full
-    // speed and repeated cpu() calls reuse already-faulted pages.
+  if (device.is_cpu() && !a.is_cpu()) {
+    // Device -> host lands in the device backend's staging memory (CUDA: pinned, from the caching
+    // host allocator): the DMA runs at full speed and repeated cpu() calls reuse faulted pages.
     const size_t nbytes = detail::storage_nbytes(a.sizes(), element_size(dtype), "to");
-    auto storage = std::make_shared<Storage>(cuda::detail::host_allocate(nbytes), nbytes, Device(kCPU));
+    auto storage = std::make_shared<Storage>(backend::get(a.device().type()).host_staging(nbytes), nbytes, Device(kCPU));
     out = Tensor(std::make_shared<TensorImpl>(std::move(storage), a.sizes(), detail::contiguous_strides(a.sizes()),
                                               0, dtype));
   }
-#endif
   if (!out.defined()) out = empty(a.sizes(), dtype, device);
   copy_(out, a, non_blocking);
   return out;

@@ -3,9 +3,7 @@
 #include <algorithm>
 
 #include <tapegrad/core/native.h>
-#ifdef TG_WITH_CUDA
-#include <tapegrad/core/backend/cuda/runtime.h>
-#endif
+#include <tapegrad/core/cuda_graph.h>
 
 namespace tg::native {
 
@@ -26,11 +24,8 @@ std::vector<Tensor> index_select_rows(const std::vector<Tensor>& ts, const Tenso
   std::vector<Tensor> out(ts.size());
   if (ts.empty()) return out;
   Tensor idx = contiguous(index);
-#ifdef TG_WITH_CUDA
   // Under CUDA-graph capture nothing may wait for the device (as index_select).
-  if (check_bounds && idx.is_cuda() && cuda::detail::current_stream_capturing(idx.device().index()))
-    check_bounds = false;
-#endif
+  if (check_bounds && idx.is_cuda() && cuda::detail::stream_capturing(idx.device().index())) check_bounds = false;
   if (check_bounds && idx.numel() > 0) {
     const int64_t lo = reduce(backend::ReduceOp::Min, idx, DimList(), false).item<int64_t>();
     const int64_t hi = reduce(backend::ReduceOp::Max, idx, DimList(), false).item<int64_t>();

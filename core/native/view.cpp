@@ -4,9 +4,7 @@
 #include <optional>
 
 #include <tapegrad/core/native.h>
-#ifdef TG_WITH_CUDA
-#include <tapegrad/core/backend/cuda/runtime.h>
-#endif
+#include <tapegrad/core/cuda_graph.h>
 
 namespace tg::native {
 
@@ -194,11 +192,9 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index, bool chec
   Tensor src = a.dim() == 0 ? make_view(a, {1}, {1}, a.storage_offset()) : a;
   Tensor idx = contiguous(index.dim() == 0 ? make_view(index, {1}, {1}, index.storage_offset()) : index);
   const int64_t n = src.sizes()[dim];
-#ifdef TG_WITH_CUDA
   // Inside CUDA-graph capture nothing may wait for the device: the bounds check (a read-back)
   // is skipped there, as documented in core/cuda_graph.h.
-  if (check_bounds && a.is_cuda() && cuda::detail::current_stream_capturing(a.device().index())) check_bounds = false;
-#endif
+  if (check_bounds && a.is_cuda() && cuda::detail::stream_capturing(a.device().index())) check_bounds = false;
   if (check_bounds && idx.numel() > 0) {
     int64_t lo = reduce(backend::ReduceOp::Min, idx, DimList(), false).item<int64_t>();
     int64_t hi = reduce(backend::ReduceOp::Max, idx, DimList(), false).item<int64_t>();

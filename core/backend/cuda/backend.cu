@@ -89,6 +89,16 @@ class CudaBackend final : public Backend {
     cuda::detail::DeviceGuard guard(device_of(input));
     cuda::kern::mse_loss_backward(grad_input, grad_target, grad, input, target, r);
   }
+  void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes,
+                  bool non_blocking) override {
+    if (src_device.is_cpu())
+      cuda::detail::copy_h2d(dst, src, nbytes, dst_device.index(), non_blocking);
+    else if (dst_device.is_cpu())
+      cuda::detail::copy_d2h(dst, src, nbytes, src_device.index(), non_blocking);
+    else
+      cuda::detail::copy_d2d(dst, dst_device.index(), src, src_device.index(), nbytes);
+  }
+  DataPtr host_staging(size_t nbytes) override { return cuda::detail::host_allocate(nbytes); }
   void linear_grad_weight_bias(const Tensor& gw, const Tensor& gb, const Tensor& g, const Tensor& x) override {
     cuda::detail::DeviceGuard guard(device_of(x));
     cuda::kern::linear_grad_weight_bias(gw, gb, g, x);
