@@ -102,7 +102,22 @@ struct ElementwiseIter {
   Device device;
 };
 
-enum class ReduceOp : int8_t { Sum, Mean, Var, Std, Max, Min, ArgMax };
+// The one list of reductions. Columns: enum name, the name error messages use (the public op's).
+#define TG_REDUCE_OPS(_) \
+  _(Sum, "sum")          \
+  _(Mean, "mean")        \
+  _(Var, "var")          \
+  _(Std, "std")          \
+  _(Max, "max")          \
+  _(Min, "min")          \
+  _(ArgMax, "argmax")
+
+enum class ReduceOp : int8_t {
+#define TG_REDUCE_ENUM(name, str) name,
+  TG_REDUCE_OPS(TG_REDUCE_ENUM)
+#undef TG_REDUCE_ENUM
+};
+const char* reduce_op_name(ReduceOp op);  // "sum", "mean", ...; "reduce" for a value out of range
 
 // out has in's shape with every reduced dim of size 1 (keepdim form), contiguous,
 // already allocated with the output dtype. dims are sorted, unique, in range and

@@ -30,6 +30,16 @@ const char* elem_op_name(ElemOp op) {
   return kNames[static_cast<int>(op)];
 }
 
+const char* reduce_op_name(ReduceOp op) {
+  static constexpr const char* kNames[] = {
+#define TG_REDUCE_NAME(name, str) str,
+      TG_REDUCE_OPS(TG_REDUCE_NAME)
+#undef TG_REDUCE_NAME
+  };
+  const auto i = static_cast<size_t>(op);
+  return i < sizeof(kNames) / sizeof(kNames[0]) ? kNames[i] : "reduce";
+}
+
 bool has_mixed_form(ElemOp op, const DType* dtypes) {
   switch (op) {
     case ElemOp::Exp: case ElemOp::Log: case ElemOp::Sqrt: case ElemOp::PowScalar:

@@ -6,26 +6,13 @@ namespace tg::native {
 using backend::ReduceOp;
 
 namespace {
-const char* reduce_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Mean: return "mean";
-    case ReduceOp::Var: return "var";
-    case ReduceOp::Std: return "std";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
-    case ReduceOp::ArgMax: return "argmax";
-  }
-  return "reduce";
-}
-
 DType reduce_dtype(ReduceOp op, DType in) {
   switch (op) {
     case ReduceOp::Sum: return is_floating(in) ? in : kInt64;
     case ReduceOp::Mean:
     case ReduceOp::Var:
     case ReduceOp::Std:
-      TG_CHECK(is_floating(in), reduce_name(op), ": input dtype must be floating point, got ", in);
+      TG_CHECK(is_floating(in), backend::reduce_op_name(op), ": input dtype must be floating point, got ", in);
       return in;
     case ReduceOp::ArgMax: return kInt64;
     default: return in;
@@ -34,7 +21,7 @@ DType reduce_dtype(ReduceOp op, DType in) {
 }  // namespace
 
 Tensor reduce(ReduceOp op, const Tensor& a, const DimList& dims, bool keepdim, int64_t correction) {
-  const char* name = reduce_name(op);
+  const char* name = backend::reduce_op_name(op);
   DType out_dtype = reduce_dtype(op, a.dtype());
   if (a.dim() == 0) {  // one element: reduce it as a 1-element vector
     for (int64_t d : dims.dims()) detail::wrap_dim(d, 0, name);

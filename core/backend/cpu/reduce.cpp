@@ -32,26 +32,6 @@ struct Dim {
   int64_t red_stride;  // into the row-major flattened reduced index; 0 on kept dims
 };
 
-const char* reduce_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum:
-      return "sum";
-    case ReduceOp::Mean:
-      return "mean";
-    case ReduceOp::Var:
-      return "var";
-    case ReduceOp::Std:
-      return "std";
-    case ReduceOp::Max:
-      return "max";
-    case ReduceOp::Min:
-      return "min";
-    case ReduceOp::ArgMax:
-      return "argmax";
-  }
-  return "reduce";
-}
-
 // The loop nest over the input in memory order, outermost first.
 std::vector<Dim> make_geometry(const ReduceArgs& args) {
   const Tensor& in = args.in;
@@ -407,10 +387,10 @@ void reduce(const ReduceArgs& args) {
         write_out(args.out, [](int64_t) { return std::numeric_limits<double>::quiet_NaN(); });
         return;
       default:
-        TG_ERROR(reduce_name(args.op), "(): cannot reduce over a zero-size dim (input shape ", in.sizes(), ")");
+        TG_ERROR(backend::reduce_op_name(args.op), "(): cannot reduce over a zero-size dim (input shape ", in.sizes(), ")");
     }
   }
-  TG_CHECK(in.dim() <= 64, reduce_name(args.op), "(): at most 64 dims are supported, got ", in.dim());
+  TG_CHECK(in.dim() <= 64, backend::reduce_op_name(args.op), "(): at most 64 dims are supported, got ", in.dim());
   const std::vector<Dim> g = make_geometry(args);
   visit_dtype(in.dtype(), [&](auto tag) { reduce_typed<decltype(tag)>(args, g, n_reduced); });
 }

@@ -27,19 +27,6 @@ int sm_count(int device) {
 
 namespace {
 
-const char* reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Mean: return "mean";
-    case ReduceOp::Var: return "var";
-    case ReduceOp::Std: return "std";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
-    case ReduceOp::ArgMax: return "argmax";
-  }
-  return "reduce";
-}
-
 struct Dim {
   int64_t size, stride;
 };
@@ -76,7 +63,7 @@ void fill_out(const Tensor& out, double value) {
 }
 
 void run_sum_var(ReduceOp op, DType dt, const ReducePlan& plan, int64_t correction) {
-  const char* name = reduce_op_name(op);
+  const char* name = backend::reduce_op_name(op);
   if (op == ReduceOp::Sum) {
     dispatch<kFloats | kInts | kBoolSet>(dt, name, [&](auto tag) {
       using S = typename decltype(tag)::type;
@@ -100,7 +87,7 @@ void run_sum_var(ReduceOp op, DType dt, const ReducePlan& plan, int64_t correcti
 void reduce(const backend::ReduceArgs& args) {
   const Tensor& in = args.in;
   const Tensor& out = args.out;
-  const char* name = reduce_op_name(args.op);
+  const char* name = backend::reduce_op_name(args.op);
   int64_t M = out.numel();
   if (M == 0) return;
   std::vector<bool> reduced(static_cast<size_t>(in.dim()), false);
