@@ -1,50 +1,49 @@
-// get_allocator: the host caching allocator for the CPU, the CUDA caching
-// allocator of the device otherwise.
+// get_allocator: the allocator registry. Each backend registers the factory of its
+// device type (core/backend/cpu/host_allocator.cpp, core/backend/cuda/caching_allocator.cpp,
+// core/backend/nocuda/stubs.cpp); this file knows none of them.
 #include <tapegrad/core/storage.h>
 
-#include <memory>
-#include <mutex>
-#include <vector>
+#include <atomic>
+#include <cstddef>
 
-#include <tapegrad/core/backend/cpu/cpu.h>
+#include <tapegrad/core/backend/backend.h>
 #include <tapegrad/core/error.h>
-#ifdef TG_WITH_CUDA
-#include <tapegrad/core/backend/cuda/runtime.h>
-#endif
 
 namespace tg {
 
 namespace {
-#ifdef TG_WITH_CUDA
-class CudaAllocator final : public Allocator {
- public:
-  explicit CudaAllocator(int device) : device_(device) {}
-  DataPtr allocate(size_t nbytes) override { return cuda::detail::device_allocate(nbytes, device_); }
+constexpr size_t kDeviceTypes = static_cast<size_t>(kCUDA) + 1;  // DeviceType's values: 0 .. kCUDA
+// Zero-initialised before any code runs (constant initialisation), so registering and
+// looking up are safe at any time, static initialisers included.
+constinit std::atomic<detail::AllocatorFactory> g_factories[kDeviceTypes] = {};
 
- private:
-  int device_;
-};
-#endif
+size_t type_index(DeviceType type) {
+  const auto i = static_cast<size_t>(type);
+  TG_CHECK(i < kDeviceTypes, "get_allocator: unknown device type ", static_cast<int>(type));
+  return i;
+}
 }  // namespace
 
+namespace detail {
+void register_allocator_factory(DeviceType type, AllocatorFactory factory) {
+  g_factories[type_index(type)].store(factory, std::memory_order_release);
+}
+}  // namespace detail
+
 Allocator* get_allocator(Device device) {
-  if (device.is_cpu()) return cpu::host_allocator();
-#ifdef TG_WITH_CUDA
-  constexpr int kMaxDevices = 64;
-  static CudaAllocator* allocators[kMaxDevices] = {};
-  static std::once_flag once;
-  std::call_once(once, [] {
-    static std::vector<std::unique_ptr<CudaAllocator>> owned;
-    for (int i = 0; i < kMaxDevices; ++i) {
-      owned.push_back(std::make_unique<CudaAllocator>(i));
-      allocators[i] = owned.back().get();
+  std::atomic<detail::AllocatorFactory>& slot = g_factories[type_index(device.type())];
+  detail::AllocatorFactory factory = slot.load(std::memory_order_acquire);
+  if (factory == nullptr) {
+    // First allocation on this device type: setting up its backend registers the factory.
+    if (device.is_cpu()) {
+      (void)backend::cpu();
+    } else {
+      (void)backend::cuda();
     }
-  });
-  TG_CHECK(device.index() >= 0 && device.index() < kMaxDevices, "get_allocator: bad device ", device);
-  return allocators[device.index()];
-#else
-  TG_ERROR("tensor on ", device, ": tapegrad was built without CUDA (TG_CUDA=OFF)");
-#endif
+    factory = slot.load(std::memory_order_acquire);
+    TG_CHECK(factory != nullptr, "tensor on ", device, ": no allocator is registered for its device type");
+  }
+  return factory(device.index());
 }
 
 }  // namespace tg

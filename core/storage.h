@@ -57,8 +57,20 @@ class Allocator {
 };
 
 // The allocator for a device: the caching host allocator for the CPU, the
-// stream-aware caching allocator of that CUDA device otherwise.
+// stream-aware caching allocator of that CUDA device otherwise. Throws when the
+// device type's backend is not built in (CUDA with TG_CUDA=OFF).
 Allocator* get_allocator(Device device);
+
+namespace detail {
+// The registry get_allocator reads: one factory per device type, which returns the
+// allocator object of a device index (the same object for the same index, never
+// destroyed) or throws. Each backend registers its own when it is first set up
+// (backend::cpu(), backend::cuda(): core/backend/{cpu,cuda,nocuda}); get_allocator
+// sets up the backend of a device type it finds unregistered, so no static
+// initialisation order is involved. Registering again replaces the factory.
+using AllocatorFactory = Allocator* (*)(int device_index);
+void register_allocator_factory(DeviceType type, AllocatorFactory factory);
+}  // namespace detail
 
 class Storage {
  public:

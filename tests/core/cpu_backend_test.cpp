@@ -170,6 +170,25 @@ TEST(CpuHostAllocator, CacheLimitIsHonoured) {
   tg::cpu::set_cache_limit(size_t{1} << 30);
 }
 
+// get_allocator reads the registry each backend fills when it is set up (core/storage.h).
+TEST(CpuHostAllocator, IsTheRegisteredAllocatorOfTheCpu) {
+  EXPECT_EQ(tg::get_allocator(tg::Device(tg::kCPU)), tg::cpu::host_allocator());
+#ifdef TG_WITH_CUDA
+  tg::Allocator* a = tg::get_allocator(tg::Device(tg::kCUDA, 0));
+  EXPECT_NE(a, nullptr);
+  EXPECT_EQ(tg::get_allocator(tg::Device(tg::kCUDA, 0)), a) << "one allocator object per device";
+  EXPECT_NE(tg::get_allocator(tg::Device(tg::kCUDA, 1)), a);
+  EXPECT_THROW(tg::get_allocator(tg::Device(tg::kCUDA, 64)), tg::Error);
+#else
+  try {
+    tg::get_allocator(tg::Device(tg::kCUDA, 0));
+    ADD_FAILURE() << "a CUDA allocator without CUDA";
+  } catch (const tg::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tapegrad was built without CUDA"), std::string::npos) << e.what();
+  }
+#endif
+}
+
 // ---------------------------------------------------------------- gemm
 
 // Naive float64 C = op(A) op(B) over the same strided storage gemm reads.

@@ -13,6 +13,9 @@ namespace tg::cpu {
 // The caching host allocator: 64-byte aligned blocks; freed blocks go to
 // size-bucketed free lists and are reused, up to a cap on cached bytes.
 Allocator* host_allocator();
+// Registers it as the CPU's allocator (detail::register_allocator_factory); CpuBackend's
+// constructor calls it, so it is registered before backend::cpu() first returns.
+void register_host_allocator();
 // Returns every cached (free) block to the system.
 void release_cached();
 size_t cached_bytes();     // free blocks held in the cache

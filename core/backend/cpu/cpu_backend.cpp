@@ -34,6 +34,7 @@ namespace {
 
 class CpuBackend final : public backend::Backend {
  public:
+  CpuBackend() { register_host_allocator(); }  // tensors on the CPU allocate from it (core/storage.h)
   void elementwise(backend::ElemOp op, const backend::ElementwiseIter& it) override { cpu::elementwise(op, it); }
   void reduce(const backend::ReduceArgs& args) override { cpu::reduce(args); }
   void gemm(const backend::GemmArgs& args) override { cpu::gemm(args); }

@@ -158,6 +158,9 @@ HostAllocator& HostAllocator::instance() {
 }  // namespace
 
 Allocator* host_allocator() { return &HostAllocator::instance(); }
+void register_host_allocator() {
+  detail::register_allocator_factory(kCPU, [](int) -> Allocator* { return host_allocator(); });
+}
 void release_cached() { HostAllocator::instance().release_cached(); }
 size_t cached_bytes() { return HostAllocator::instance().cached(); }
 size_t allocated_bytes() { return HostAllocator::instance().allocated(); }

@@ -29,6 +29,7 @@ int device_of(const Tensor& t) { return t.device().index() < 0 ? 0 : t.device().
 // called from outside every other op may be deferred.
 class CudaBackend final : public Backend {
  public:
+  CudaBackend() { cuda::detail::register_device_allocator(); }  // CUDA tensors allocate from it
   void elementwise(ElemOp op, const ElementwiseIter& it) override {
     if (it.numel == 0) return;
     cuda::detail::ElementwiseDeferScope defer;  // before the guard: is this op the outermost?

@@ -536,6 +536,31 @@ void graph_pool_release(int device, uint64_t pool) {
   allocator_for(resolve(device), "tg::cuda::Graph").release_graph_pool(pool);
 }
 
+namespace {
+// The tg::Allocator of one device index (get_allocator, core/storage.h): device_allocate there.
+class CudaAllocator final : public Allocator {
+ public:
+  explicit CudaAllocator(int device) : device_(device) {}
+  DataPtr allocate(size_t nbytes) override { return device_allocate(nbytes, device_); }
+
+ private:
+  int device_;
+};
+
+// One per device index, created on first use and never destroyed (as the allocators above).
+Allocator* cuda_allocator(int device) {
+  TG_CHECK(device >= 0 && device < kMaxDevices, "get_allocator: bad device ", Device(kCUDA, device));
+  static const std::array<CudaAllocator*, kMaxDevices> all = [] {
+    std::array<CudaAllocator*, kMaxDevices> a{};
+    for (int i = 0; i < kMaxDevices; ++i) a[i] = new CudaAllocator(i);  // never deleted
+    return a;
+  }();
+  return all[device];
+}
+}  // namespace
+
+void register_device_allocator() { ::tg::detail::register_allocator_factory(kCUDA, &cuda_allocator); }
+
 }  // namespace detail
 
 // ---- the public counters

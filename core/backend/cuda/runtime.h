@@ -66,6 +66,9 @@ bool current_stream_capturing(int device);
 
 // Stream-aware caching device allocator (one per device).
 DataPtr device_allocate(size_t nbytes, int device);
+// Registers it as the allocator of CUDA devices (get_allocator, core/storage.h); CudaBackend's
+// constructor calls it, so it is registered before backend::cuda() first returns.
+void register_device_allocator();
 // Record that a block is used on another stream (so it is not reused before that work ends).
 void record_stream(const DataPtr& ptr, cudaStream_t stream);
 

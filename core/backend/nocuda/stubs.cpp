@@ -6,7 +6,17 @@
 
 namespace tg {
 namespace backend {
-Backend* cuda() { return nullptr; }
+// No CUDA backend; its first use registers the allocator factory of CUDA devices, which throws.
+Backend* cuda() {
+  static const bool registered = [] {
+    detail::register_allocator_factory(kCUDA, [](int index) -> Allocator* {
+      TG_ERROR("tensor on ", Device(kCUDA, index), ": tapegrad was built without CUDA (TG_CUDA=OFF)");
+    });
+    return true;
+  }();
+  (void)registered;
+  return nullptr;
+}
 }  // namespace backend
 
 namespace cuda {
