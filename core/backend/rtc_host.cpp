@@ -1,5 +1,6 @@
 // The host-only parts of run-time compiled kernels (core/backend/rtc_host.h), moved out of
-// core/backend/cuda/nvrtc.cpp unchanged so that every build compiles them.
+// core/backend/cuda/nvrtc.cpp (now core/backend/cuda/rtc_*.cpp, raw_kernel.cpp,
+// elementwise_kernel.cpp) unchanged so that every build compiles them.
 #include <tapegrad/core/backend/rtc_host.h>
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // The RawKernel disk-cache file reader (core/backend/rtc_host.h, shared by the CUDA build's
-// core/backend/cuda/nvrtc.cpp): a file's bytes read for a fixed key. A decoded entry must
+// core/backend/cuda/rtc_cache.cpp): a file's bytes read for a fixed key. A decoded entry must
 // encode to bytes that decode to the same entry.
 #include "common.h"
 #include <tapegrad/core/backend/rtc_host.h>
