@@ -75,7 +75,8 @@ TEST(LaunchBatching, OpUnawareOfTheQueueIsExact) {
   for (int rep = 0; rep < 20; ++rep) {
     Tensor before = x + 0.0;  // deferred top-level work ahead of the op
     for (int i = 0; i < 3; ++i) before = before * 1.0;
-    expect_pending(true);
+    // (With the caching allocator off every free synchronises, which empties the queue.)
+    if (!std::getenv("TG_NO_CUDA_MEMORY_CACHING")) expect_pending(true);
     Tensor out = zeros({m, n}, kCUDA);
     queue_unaware_op(before, w, out);
     Tensor after = out * 1.0 + 0.0;  // and behind it
