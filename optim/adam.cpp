@@ -1,16 +1,12 @@
-// Adam and AdamW: the CPU loop and the dispatch to the fused CUDA kernel, per
-// group and (device, dtype) bucket. torch.optim.Adam / AdamW's update (see
-// optim/update_math.h); the two differ only in how weight decay is applied.
+// Adam and AdamW: options, state (step, exp_avg, exp_avg_sq, max_exp_avg_sq) and the shared
+// elementwise step (optim/elementwise_step.h) with torch.optim.Adam / AdamW's rule
+// (optim/update_math.h); the two differ only in how weight decay is applied.
 #include <tapegrad/optim/adam.h>
 
 #include <type_traits>
 
 #include <tapegrad/core/ops.h>
-#include <tapegrad/optim/step_util.h>
-#include <tapegrad/optim/update_math.h>
-#if defined(TG_WITH_CUDA)
-#include <tapegrad/optim/cuda/fused.h>
-#endif
+#include <tapegrad/optim/elementwise_step.h>
 
 namespace tg::optim {
 namespace {
@@ -22,32 +18,6 @@ void validate_adam(const char* name, const O& o) {
   TG_CHECK(o.betas.first >= 0 && o.betas.first < 1, name, ": invalid beta parameter at index 0: ", o.betas.first);
   TG_CHECK(o.betas.second >= 0 && o.betas.second < 1, name, ": invalid beta parameter at index 1: ", o.betas.second);
   TG_CHECK(o.weight_decay >= 0, name, ": invalid weight_decay value: ", o.weight_decay);
-}
-
-template <class T>
-void adam_cpu(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& vmax, float step,
-              const detail::AdamHyper& h, bool scaled, float scale) {
-  using M = std::conditional_t<std::is_same_v<T, double>, double, float>;
-  const auto c = detail::adam_coeffs<M>(h, step);
-  T* pp = static_cast<T*>(p.data_ptr());
-  const T* gp = static_cast<const T*>(g.data_ptr());
-  T* mp = static_cast<T*>(m.data_ptr());
-  T* vp = static_cast<T*>(v.data_ptr());
-  T* xp = vmax.defined() ? static_cast<T*>(vmax.data_ptr()) : nullptr;
-  const M s = static_cast<M>(scale);
-  tg::parallel_for(0, p.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      M pv = static_cast<M>(pp[i]), mv = static_cast<M>(mp[i]), vv = static_cast<M>(vp[i]);
-      M xv = xp ? static_cast<M>(xp[i]) : M(0);
-      M gv = static_cast<M>(gp[i]);
-      if (scaled) gv = gv / s;
-      detail::adam_update(pv, gv, mv, vv, xv, c);
-      pp[i] = static_cast<T>(pv);
-      mp[i] = static_cast<T>(mv);
-      vp[i] = static_cast<T>(vv);
-      if (xp) xp[i] = static_cast<T>(xv);
-    }
-  });
 }
 
 template <class O>
@@ -92,44 +62,16 @@ void adam_step(GroupedOptimizer<O>& opt, bool decoupled, const StepArgs& args) {
         ms.push_back(m);
         vs.push_back(v);
       }
-      if (bucket.device.is_cpu()) {
-        detail::cpu_scalar(op, args.found_inf, "found_inf", bucket.device, 0.f);  // checks the device
-        const bool scaled = args.grad_scale.defined();
-        const float scale = detail::cpu_scalar(op, args.grad_scale, "grad_scale", bucket.device, 1.f);
-        for (size_t k = 0; k < bucket.indices.size(); ++k) {
-          const size_t i = bucket.indices[k];
-          float* s = static_cast<float*>(steps[k].data_ptr());
-          *s += 1.f;
-          const Tensor x = o.amsgrad ? xs[k] : Tensor();
-          visit_dtype(bucket.dtype, [&](auto tag) {
-            using T = decltype(tag);
-            if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, Half> ||
-                          std::is_same_v<T, BFloat16>)
-              adam_cpu<T>(group.params[i], grads[i], ms[k], vs[k], x, *s, h, scaled, scale);
-          });
-          detail::bump_version(group.params[i]);
-        }
-      } else {
-#if defined(TG_WITH_CUDA)
-        cuda::AdamLists lists;
-        for (size_t i : bucket.indices) {
-          lists.params.push_back(group.params[i]);
-          lists.grads.push_back(grads[i]);
-        }
-        lists.shadows = detail::shadows_for_update(lists.params);  // before the version bumps
-        for (const Tensor& p : lists.params) detail::bump_version(p);
-        lists.exp_avgs = std::move(ms);
-        lists.exp_avg_sqs = std::move(vs);
-        lists.max_exp_avg_sqs = std::move(xs);
-        lists.steps = std::move(steps);
-        cuda::fused_adam_step(opt.fused_cache(gi, bucket.device, bucket.dtype), lists, h,
-                              detail::device_scalar(op, args.grad_scale, "grad_scale", bucket.device),
-                              detail::device_scalar(op, args.found_inf, "found_inf", bucket.device));
-        detail::shadows_updated(lists.params, lists.shadows);
-#else
-        TG_ERROR(op, ": parameters on ", bucket.device, " but tapegrad was built without CUDA");
-#endif
+      detail::BucketLists lists;
+      for (size_t i : bucket.indices) {
+        lists.params.push_back(group.params[i]);
+        lists.grads.push_back(grads[i]);
       }
+      lists.states = {std::move(ms), std::move(vs)};
+      if (o.amsgrad) lists.states.push_back(std::move(xs));
+      lists.steps = std::move(steps);
+      detail::elementwise_step<detail::AdamRule>(op, bucket, std::move(lists), h, args,
+                                                 opt.fused_cache(gi, bucket.device, bucket.dtype));
     }
   }
 }

@@ -1,15 +1,11 @@
-// SGD: the CPU loop and the dispatch to the fused CUDA kernel, per group and
-// (device, dtype) bucket. torch.optim.SGD's update (see optim/update_math.h).
+// SGD: its options, state (momentum_buffer and step, created on a parameter's first step) and
+// the shared elementwise step (optim/elementwise_step.h) with torch.optim.SGD's rule.
 #include <tapegrad/optim/sgd.h>
 
 #include <cmath>
 
 #include <tapegrad/core/ops.h>
-#include <tapegrad/optim/step_util.h>
-#include <tapegrad/optim/update_math.h>
-#if defined(TG_WITH_CUDA)
-#include <tapegrad/optim/cuda/fused.h>
-#endif
+#include <tapegrad/optim/elementwise_step.h>
 
 namespace tg::optim {
 
@@ -31,32 +27,6 @@ void SGD::validate(const SGDOptions& o) const {
            "SGD: Nesterov momentum requires a momentum and zero dampening (momentum ", o.momentum, ", dampening ",
            o.dampening, ")");
 }
-
-namespace {
-
-template <class T>
-void sgd_cpu(const Tensor& p, const Tensor& g, const Tensor& buf, float step, const detail::SgdHyper& h,
-             bool scaled, float scale) {
-  using M = std::conditional_t<std::is_same_v<T, double>, double, float>;
-  const auto c = detail::sgd_coeffs<M>(h, step);
-  T* pp = static_cast<T*>(p.data_ptr());
-  const T* gp = static_cast<const T*>(g.data_ptr());
-  T* bp = buf.defined() ? static_cast<T*>(buf.data_ptr()) : nullptr;
-  const M s = static_cast<M>(scale);
-  tg::parallel_for(0, p.numel(), 1 << 15, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      M pv = static_cast<M>(pp[i]);
-      M gv = static_cast<M>(gp[i]);
-      if (scaled) gv = gv / s;
-      M bv = bp ? static_cast<M>(bp[i]) : M(0);
-      detail::sgd_update(pv, gv, bv, c);
-      pp[i] = static_cast<T>(pv);
-      if (bp) bp[i] = static_cast<T>(bv);
-    }
-  });
-}
-
-}  // namespace
 
 void SGD::step(const StepArgs& args) {
   detail::check_step_args("SGD.step", args);
@@ -89,46 +59,17 @@ void SGD::step(const StepArgs& args) {
           steps.push_back(step);
         }
       }
-      if (bucket.device.is_cpu()) {
-        detail::cpu_scalar("SGD.step", args.found_inf, "found_inf", bucket.device, 0.f);  // checks the device
-        const bool scaled = args.grad_scale.defined();
-        const float scale = detail::cpu_scalar("SGD.step", args.grad_scale, "grad_scale", bucket.device, 1.f);
-        for (size_t k = 0; k < bucket.indices.size(); ++k) {
-          const size_t i = bucket.indices[k];
-          float step = 1.f;
-          if (!steps.empty()) {
-            float* s = static_cast<float*>(steps[k].data_ptr());
-            *s += 1.f;
-            step = *s;
-          }
-          const Tensor buf = bufs.empty() ? Tensor() : bufs[k];
-          visit_dtype(bucket.dtype, [&](auto tag) {
-            using T = decltype(tag);
-            if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, Half> ||
-                          std::is_same_v<T, BFloat16>)
-              sgd_cpu<T>(group.params[i], grads[i], buf, step, h, scaled, scale);
-          });
-          detail::bump_version(group.params[i]);
-        }
-      } else {
-#if defined(TG_WITH_CUDA)
-        cuda::SgdLists lists;
-        for (size_t i : bucket.indices) {
-          lists.params.push_back(group.params[i]);
-          lists.grads.push_back(grads[i]);
-        }
-        lists.shadows = detail::shadows_for_update(lists.params);  // before the version bumps
-        for (const Tensor& p : lists.params) detail::bump_version(p);
-        lists.momentum_buffers = std::move(bufs);
-        lists.steps = std::move(steps);
-        cuda::fused_sgd_step(fused_cache(gi, bucket.device, bucket.dtype), lists, h,
-                             detail::device_scalar("SGD.step", args.grad_scale, "grad_scale", bucket.device),
-                             detail::device_scalar("SGD.step", args.found_inf, "found_inf", bucket.device));
-        detail::shadows_updated(lists.params, lists.shadows);
-#else
-        TG_ERROR("SGD.step: parameters on ", bucket.device, " but tapegrad was built without CUDA");
-#endif
+      detail::BucketLists lists;
+      for (size_t i : bucket.indices) {
+        lists.params.push_back(group.params[i]);
+        lists.grads.push_back(grads[i]);
       }
+      if (o.momentum != 0) {
+        lists.states = {std::move(bufs)};
+        lists.steps = std::move(steps);
+      }
+      detail::elementwise_step<detail::SgdRule>("SGD.step", bucket, std::move(lists), h, args,
+                                                fused_cache(gi, bucket.device, bucket.dtype));
     }
   }
 }

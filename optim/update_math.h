@@ -5,6 +5,8 @@
 // in double and rounded to M once.
 #pragma once
 #include <cmath>
+#include <cstdint>
+#include <tuple>
 #include <type_traits>
 
 #include <tapegrad/core/half.h>
@@ -117,5 +119,59 @@ TG_HOST_DEVICE inline void adam_update(M& p, M g, M& m, M& v, M& vmax, const Ada
   M denom = opmath_sqrt(second) / c.bias_correction2_sqrt + c.eps;
   p = p + c.neg_step_size * (m / denom);
 }
+
+// The rules as the one elementwise step runs them (optim/elementwise_step.h on the CPU,
+// optim/cuda/fused_step.cuh on CUDA): a parameter, its gradient and K state values per element,
+// coefficients from the hyper-parameters and the step count; the Variants are the (K, step
+// counted) forms an optimizer uses. RMSprop and Adagrad join as rules of their own.
+template <int K, bool Counted>
+struct StepVariant {
+  static constexpr int kStates = K;
+  static constexpr bool kCounted = Counted;  // a float32 step count per parameter, advanced by the step
+};
+
+struct SgdRule {
+  using Hyper = SgdHyper;
+  template <class M>
+  using Coeffs = SgdCoeffs<M>;
+  static constexpr int64_t kCpuGrain = 1 << 15;
+  // Without momentum no state and no count; with it the momentum buffer and the count.
+  using Variants = std::tuple<StepVariant<0, false>, StepVariant<1, true>>;
+  template <class M>
+  TG_HOST_DEVICE static Coeffs<M> coeffs(const Hyper& h, float step) {
+    return sgd_coeffs<M>(h, step);
+  }
+  template <int K, class M>
+  TG_HOST_DEVICE static void update(M& p, M g, M* state, const Coeffs<M>& c) {
+    if constexpr (K == 1) {
+      sgd_update(p, g, state[0], c);
+    } else {
+      M unused = 0;
+      sgd_update(p, g, unused, c);
+    }
+  }
+};
+
+struct AdamRule {  // and AdamW (AdamHyper::decoupled)
+  using Hyper = AdamHyper;
+  template <class M>
+  using Coeffs = AdamCoeffs<M>;
+  static constexpr int64_t kCpuGrain = 1 << 14;
+  // exp_avg, exp_avg_sq (and max_exp_avg_sq with amsgrad), always counted.
+  using Variants = std::tuple<StepVariant<2, true>, StepVariant<3, true>>;
+  template <class M>
+  TG_HOST_DEVICE static Coeffs<M> coeffs(const Hyper& h, float step) {
+    return adam_coeffs<M>(h, step);
+  }
+  template <int K, class M>
+  TG_HOST_DEVICE static void update(M& p, M g, M* state, const Coeffs<M>& c) {
+    if constexpr (K == 3) {
+      adam_update(p, g, state[0], state[1], state[2], c);
+    } else {
+      M unused = 0;
+      adam_update(p, g, state[0], state[1], unused, c);
+    }
+  }
+};
 
 }  // namespace tg::optim::detail

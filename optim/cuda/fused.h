@@ -11,26 +11,25 @@
 
 namespace tg::optim::cuda {
 
-// Every list has one entry per parameter; all tensors are contiguous, on one CUDA
-// device, of one floating dtype (steps: float32 0-d). grad_scale / found_inf are
-// device pointers to float32 scalars, or null. Each step is one launch per
-// multi-tensor launch of the bucket: the step counts advance in its epilogue.
-// shadows: empty, or one entry per parameter: undefined, or a contiguous float16 /
+// One bucket of a step: every list has one entry per parameter; all tensors are contiguous, on
+// one CUDA device, of one floating dtype (steps: float32 0-d, or empty when the variant counts
+// none). states[k] is the rule's k-th state list (SGD: momentum_buffer; Adam: exp_avg, exp_avg_sq,
+// max_exp_avg_sq). grad_scale / found_inf are device pointers to float32 scalars, or null. Each
+// step is one launch per multi-tensor launch of the bucket: the step counts advance in its
+// epilogue. shadows: empty, or one entry per parameter: undefined, or a contiguous float16 /
 // bfloat16 tensor (one dtype per bucket, float32 parameters only) that receives the
 // round-to-nearest-even cast of the updated parameter in the same pass (core/cast_copies.h).
 // A step skipped on the device (found_inf) leaves the shadows untouched too.
-struct SgdLists {
-  std::vector<Tensor> params, grads, momentum_buffers, steps;  // buffers/steps empty without momentum
+struct StepLists {
+  std::vector<Tensor> params, grads;
+  std::vector<std::vector<Tensor>> states;
+  std::vector<Tensor> steps;
   std::vector<Tensor> shadows;
 };
-void fused_sgd_step(std::unique_ptr<FusedCache>& cache, const SgdLists& lists, const detail::SgdHyper& hyper,
-                    const float* grad_scale, const float* found_inf);
-
-struct AdamLists {
-  std::vector<Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;  // max_*: amsgrad only
-  std::vector<Tensor> shadows;
-};
-void fused_adam_step(std::unique_ptr<FusedCache>& cache, const AdamLists& lists, const detail::AdamHyper& hyper,
-                     const float* grad_scale, const float* found_inf);
+// One entry per rule (overloaded on its hyper-parameters), each an instance of fused_step.cuh.
+void fused_rule_step(std::unique_ptr<FusedCache>& cache, const char* op, const StepLists& lists,
+                     const detail::SgdHyper& hyper, const float* grad_scale, const float* found_inf);
+void fused_rule_step(std::unique_ptr<FusedCache>& cache, const char* op, const StepLists& lists,
+                     const detail::AdamHyper& hyper, const float* grad_scale, const float* found_inf);
 
 }  // namespace tg::optim::cuda
