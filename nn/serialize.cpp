@@ -2,12 +2,7 @@
 // from the header only after they are checked against the file's real size.
 #include <tapegrad/nn/serialize.h>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -16,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include <tapegrad/core/file_io.h>
 #include <tapegrad/core/native.h>
 
 namespace tg {
@@ -45,50 +41,9 @@ std::optional<DType> st_dtype(std::string_view s) {
   return std::nullopt;
 }
 
-// An fd closed on scope exit (never throws).
-class File {
- public:
-  explicit File(int fd) : fd_(fd) {}
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-  ~File() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  int release() {
-    int f = fd_;
-    fd_ = -1;
-    return f;
-  }
-
- private:
-  int fd_;
-};
-
-std::string errno_str() { return std::strerror(errno); }
-
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
-    if (w < 0 && errno == EINTR) continue;
-    TG_CHECK(w > 0, "tg::save('", path, "'): write failed: ", errno_str());
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
+using detail::File;
 void read_all(int fd, void* data, size_t n, uint64_t offset, const std::string& path, std::string_view what) {
-  char* p = static_cast<char*>(data);
-  while (n > 0) {
-    ssize_t r = ::pread(fd, p, std::min<size_t>(n, size_t{1} << 30), static_cast<off_t>(offset));
-    if (r < 0 && errno == EINTR) continue;
-    TG_CHECK(r >= 0, "tg::load('", path, "'): reading ", what, " failed: ", errno_str());
-    TG_CHECK(r > 0, "tg::load('", path, "'): the file ended while reading ", what);
-    p += r;
-    n -= static_cast<size_t>(r);
-    offset += static_cast<uint64_t>(r);
-  }
+  detail::read_all(fd, data, n, offset, path, what, "tg::load");
 }
 
 // ---- header validation
@@ -114,10 +69,7 @@ uint64_t as_u64(const nlohmann::json& v, const std::string& path, const std::str
 }
 
 Header read_header(int fd, const std::string& path) {
-  struct stat st {};
-  TG_CHECK(::fstat(fd, &st) == 0, "tg::load('", path, "'): stat failed: ", errno_str());
-  TG_CHECK(S_ISREG(st.st_mode), "tg::load('", path, "'): not a regular file");
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  const uint64_t file_size = detail::file_size(fd, path, "tg::load");
   TG_CHECK(file_size >= 8, "tg::load('", path, "'): the file is ", file_size,
            " bytes, too short for the 8-byte header length of a safetensors file");
   unsigned char len_bytes[8];
@@ -229,38 +181,20 @@ void save(const nn::StateDict& tensors, const std::string& path, const Safetenso
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
 
-  // One temp file per call (pid and a process-wide counter): two threads saving to one path must
-  // not write into the same temp file, which would rename a mix of both into place.
-  static std::atomic<uint64_t> save_count{0};
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(save_count.fetch_add(1));
-  File f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  TG_CHECK(f.get() >= 0, "tg::save('", path, "'): cannot create ", tmp, ": ", errno_str());
-  try {
-    write_all(f.get(), len_bytes, 8, path);
-    write_all(f.get(), text.data(), text.size(), path);
+  detail::write_atomically(path, "tg::save", [&](int fd) {
+    detail::write_all(fd, len_bytes, 8, path, "tg::save");
+    detail::write_all(fd, text.data(), text.size(), path, "tg::save");
     for (const auto& [name, t] : tensors) {
       if (t.numel() == 0) continue;
       // One tensor at a time on the host, so a GPU checkpoint needs no full host copy.
       Tensor c = native::contiguous(native::to(t, Device(kCPU), t.dtype()));
-      write_all(f.get(), c.data_ptr(), c.nbytes(), path);
+      detail::write_all(fd, c.data_ptr(), c.nbytes(), path, "tg::save");
     }
-    TG_CHECK(::fsync(f.get()) == 0, "tg::save('", path, "'): fsync failed: ", errno_str());
-    TG_CHECK(::close(f.release()) == 0, "tg::save('", path, "'): close failed: ", errno_str());
-    TG_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "tg::save('", path, "'): rename from ", tmp,
-             " failed: ", errno_str());
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  // Make the rename itself durable; failure here leaves a complete file, so only warn.
-  std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/') + 1);
-  File d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (d.get() >= 0 && ::fsync(d.get()) != 0) detail::log_warning("tg::save: fsync of directory " + dir + " failed");
+  });
 }
 
 nn::StateDict load(const std::string& path, std::optional<Device> device) {
-  File f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  TG_CHECK(f.get() >= 0, "tg::load('", path, "'): cannot open: ", errno_str());
+  File f = detail::open_for_reading(path, "tg::load");
   Header h = read_header(f.get(), path);
   nn::StateDict out;
   for (const Entry& e : h.entries) {
@@ -278,8 +212,7 @@ nn::StateDict load(const std::string& path, std::optional<Device> device) {
 }
 
 SafetensorsMetadata load_metadata(const std::string& path) {
-  File f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  TG_CHECK(f.get() >= 0, "tg::load_metadata('", path, "'): cannot open: ", errno_str());
+  File f = detail::open_for_reading(path, "tg::load_metadata");
   return read_header(f.get(), path).metadata;
 }
 
