@@ -137,6 +137,25 @@ std::string dlpack_record(uint8_t flags, uint8_t dev, int8_t ndim, uint8_t code,
   return s;
 }
 
+std::string npy(const Tensor& t) {
+  const fs::path p = tg_fuzz::scratch_dir() / "seed.npy";
+  tg::save_npy(t, p.string());
+  return tg_fuzz::read_file(p);
+}
+
+void npy_seeds() {
+  seed("npy", "f32_2x3", npy(tg::ones({2, 3})));
+  seed("npy", "f64_0d", npy(tg::full({}, 2.5, kFloat64)));
+  seed("npy", "i64_1d", npy(tg::arange(5)));
+  seed("npy", "bool_empty", npy(tg::zeros({0, 3}, kBool)));
+  seed("npy", "f16_3d", npy(tg::ones({2, 1, 2}, kFloat16)));
+  // Fortran order and big-endian, as numpy writes them.
+  std::string fortran = npy(tg::ones({2, 3}));
+  const size_t pos = fortran.find("False");
+  fortran.replace(pos, 5, "True ");
+  seed("npy", "f32_fortran", fortran);
+}
+
 void dlpack_seeds() {
   seed("dlpack", "f32_2x3_versioned", dlpack_record(1, kDLCPU, 2, kDLFloat, 32, 1, 0, {2, 3}, {}));
   seed("dlpack", "f64_strided_legacy", dlpack_record(2, kDLCPU, 2, kDLFloat, 64, 1, 8, {3, 2}, {1, 3}));
@@ -160,6 +179,7 @@ int main(int argc, char** argv) {
   program_seeds();
   rtc_seeds();
   dlpack_seeds();
+  npy_seeds();
   fs::remove_all(tg_fuzz::scratch_dir());
   return 0;
 }
