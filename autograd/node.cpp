@@ -120,7 +120,7 @@ DType wanted_grad_dtype(const Edge& e) {
 Tensor record_view(const char* name, const Tensor& input, Tensor out, BackwardFn fn) {
   Tensor res = record(name, {input}, std::move(out), std::move(fn));
   const auto& m = res.impl().autograd;
-  if (!m || !m->grad_fn || m->grad_fn.get() == nullptr) return res;
+  if (!m || !m->grad_fn) return res;  // not recorded (no input needs grad, or a non-floating result)
   const Edge& next = m->grad_fn->next_edges.at(0);
   InputMeta& own = m->grad_fn->input_meta.at(m->output_nr);
   // The view's backward keeps the gradient's dtype: it takes what its input's node takes.
