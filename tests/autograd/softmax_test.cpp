@@ -451,6 +451,91 @@ TEST_P(Softmax, LossModules) {
   EXPECT_THROW(ce.forward(x), Error);
 }
 
+// CUDA's row kernels against the float64 CPU reference over the shapes that pick each path: one
+// warp per row (<= 1024) or one block, 16-byte loads or not (odd rows, an offset view), every dtype.
+TEST(SoftmaxCuda, RowKernelsMatchCpuFloat64) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  tg::manual_seed(21);
+  for (int64_t cols : {1, 3, 31, 32, 1000, 1024, 1025, 4096, 5003, 50304})
+    for (DType dt : {kFloat32, kFloat64, kFloat16, kBFloat16}) {
+      SCOPED_TRACE("cols " + std::to_string(cols) + " " + dtype_name(dt));
+      const int64_t rows = cols > 5000 ? 3 : 9;
+      Tensor base = (tg::randn({rows, cols + 1}, TensorOptions(kFloat64)) * 4.0).to(dt);
+      for (bool offset : {false, true}) {
+        Tensor x = offset ? base.slice(1, 1, cols + 1) : base.slice(1, 0, cols).contiguous();  // offset: unaligned rows
+        Tensor xc = x.to(kCUDA);
+        const double tol = dt == kFloat64 ? 1e-12 : dt == kFloat32 ? 1e-5 : dt == kFloat16 ? 2e-3 : 1.6e-2;
+        for (bool log : {false, true}) {
+          Tensor want64 = log ? tg::log_softmax(x.to(kFloat64), 1) : tg::softmax(x.to(kFloat64), 1);
+          Tensor got = log ? tg::log_softmax(xc, 1) : tg::softmax(xc, 1);
+          expect_near_vec(host(got), host(want64), log ? tol * 10 : 1e-6, tol, log ? "log_softmax" : "softmax");
+          // backward against the CPU float64 backward from the same rounded gradient
+          Tensor g = tg::randn({rows, cols}, TensorOptions(kFloat64)).to(dt);
+          Tensor xr = xc.detach().requires_grad_(true);
+          (log ? tg::log_softmax(xr, 1) : tg::softmax(xr, 1)).backward(g.to(kCUDA));
+          Tensor x64 = x.to(kFloat64).requires_grad_(true);
+          (log ? tg::log_softmax(x64, 1) : tg::softmax(x64, 1)).backward(g.to(kFloat64));
+          expect_near_vec(host(xr.grad()), host(x64.grad()), tol * 10, tol * 4, "backward");
+        }
+      }
+    }
+}
+
+TEST(SoftmaxCuda, CrossEntropyFusedPathsMatchReference) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  tg::manual_seed(22);
+  for (int64_t c : {10, 1024, 3001, 50304})
+    for (DType dt : {kFloat32, kBFloat16, kFloat16}) {
+      SCOPED_TRACE("C " + std::to_string(c) + " " + dtype_name(dt));
+      const int64_t n = 7;
+      std::vector<int64_t> t(n);
+      for (int64_t i = 0; i < n; ++i) t[i] = i == 3 ? -100 : (i * 7919) % c;
+      std::vector<double> w(static_cast<size_t>(c));
+      for (int64_t j = 0; j < c; ++j) w[j] = 0.5 + (j % 5) * 0.25;
+      Tensor x = (tg::randn({n, c}, kCUDA) * 3.0).to(dt);
+      Tensor tt = tg::tensor<int64_t>(t, TensorOptions(kInt64).device(kCUDA));
+      Tensor wt = tg::tensor<double>(w, TensorOptions(kFloat64).device(kCUDA)).to(kFloat32);
+      const double tol = dt == kFloat32 ? 1e-5 : 2e-2;
+      auto hx = host(x);
+      for (bool weighted : {false, true})
+        for (double eps : {0.0, 0.1}) {
+          auto ref = ref_ce(hx, t, n, c, weighted ? w : std::vector<double>{}, -100, eps, "mean");
+          nn::functional::CrossEntropyOptions o{.label_smoothing = eps, .weight = weighted ? wt : Tensor()};
+          // loss.backward(): the gradient comes from the forward's pass
+          Tensor x1 = x.detach().requires_grad_(true);
+          Tensor l1 = cross_entropy(x1, tt, o);
+          EXPECT_NEAR(l1.item<double>(), ref.reduced, tol * (1 + std::abs(ref.reduced)));
+          l1.backward();
+          EXPECT_EQ(x1.grad().dtype(), dt);
+          expect_near_vec(host(x1.grad()), ref.grad, 1e-6, tol * 2, "eager grad");
+          // any other upstream gradient: the backward kernel from the saved logsumexp
+          Tensor x2 = x.detach().requires_grad_(true);
+          (cross_entropy(x2, tt, o) * 3.0).backward();
+          std::vector<double> want3 = ref.grad;
+          for (double& v : want3) v *= 3.0;
+          expect_near_vec(host(x2.grad()), want3, 3e-6, tol * 2, "backward kernel");
+          // retain_graph: the second backward cannot reuse the handed-over gradient
+          Tensor x3 = x.detach().requires_grad_(true);
+          Tensor l3 = cross_entropy(x3, tt, o);
+          l3.backward(Tensor(), {.retain_graph = true});
+          l3.backward();
+          for (double& v : want3) v = v / 3.0 * 2.0;
+          expect_near_vec(host(x3.grad()), want3, 2e-6, tol * 2, "twice");
+          // reduction none
+          Tensor x4 = x.detach().requires_grad_(true);
+          nn::functional::CrossEntropyOptions on = o;
+          on.reduction = "none";
+          Tensor l4 = cross_entropy(x4, tt, on);
+          auto refn = ref_ce(hx, t, n, c, weighted ? w : std::vector<double>{}, -100, eps, "none");
+          expect_near_vec(host(l4), refn.loss, tol, tol, "none");
+        }
+    }
+  // an out-of-range class index on CUDA: a NaN loss, no synchronisation
+  Tensor x = tg::randn({2, 5}, kCUDA);
+  Tensor bad = tg::tensor<int64_t>({1, 7}, TensorOptions(kInt64).device(kCUDA));
+  EXPECT_TRUE(std::isnan(cross_entropy(x, bad).item<double>()));
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, Softmax, ::testing::Values(Dev::CPU, Dev::CUDA), dev_name);
 
 }  // namespace

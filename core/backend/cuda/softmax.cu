@@ -135,40 +135,57 @@ __device__ __forceinline__ void for_row(const T* r, int64_t cols, int tid, int n
   }
 }
 
-// Online max / sum of exp over this thread's elements, a pack at a time.
+// Folds a block of values into the running (m, s): one rescale per block, one exp per value.
+template <class A, int N>
+__device__ __forceinline__ void ms_fold(const A (&v)[N], A& m, A& s) {
+  A vm = neg_inf<A>();
+#pragma unroll
+  for (int e = 0; e < N; ++e) vm = v[e] > vm ? v[e] : vm;
+  if (vm > m) {
+    s = m == neg_inf<A>() ? A(0) : s * ex(m - vm);
+    m = vm;
+  }
+  if (m != neg_inf<A>()) {
+#pragma unroll
+    for (int e = 0; e < N; ++e) s += ex(v[e] - m);
+  }
+}
+
+// Online max / sum of exp over this thread's elements. kUnroll packs are loaded before any is
+// used (independent 16-byte loads in flight: the row comes from DRAM here).
 template <class T, int V>
 __device__ __forceinline__ void thread_ms(const T* r, int64_t cols, int tid, int nt, acc_t<T>& m, acc_t<T>& s) {
   using A = acc_t<T>;
   m = neg_inf<A>();
   s = 0;
   if constexpr (V > 1) {
+    constexpr int kUnroll = 4;
     const auto* p = reinterpret_cast<const Pack<T, V>*>(r);
-    for (int64_t k = tid; k < cols / V; k += nt) {
+    const int64_t npk = cols / V;
+    int64_t k = tid;
+    for (; k + int64_t{kUnroll - 1} * nt < npk; k += int64_t{kUnroll} * nt) {
+      Pack<T, V> pk[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) pk[u] = p[k + u * nt];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        A v[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) v[e] = cast<A>(pk[u].v[e]);
+        ms_fold(v, m, s);
+      }
+    }
+    for (; k < npk; k += nt) {
       const Pack<T, V> pk = p[k];
       A v[V];
-      A vm = neg_inf<A>();
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
-        v[e] = cast<A>(pk.v[e]);
-        vm = v[e] > vm ? v[e] : vm;
-      }
-      if (vm > m) {
-        s = m == neg_inf<A>() ? A(0) : s * ex(m - vm);
-        m = vm;
-      }
-      if (m != neg_inf<A>()) {
-#pragma unroll
-        for (int e = 0; e < V; ++e) s += ex(v[e] - m);
-      }
+      for (int e = 0; e < V; ++e) v[e] = cast<A>(pk.v[e]);
+      ms_fold(v, m, s);
     }
   } else {
     for (int64_t j = tid; j < cols; j += nt) {
-      const A v = cast<A>(r[j]);
-      if (v > m) {
-        s = m == neg_inf<A>() ? A(0) : s * ex(m - v);
-        m = v;
-      }
-      if (m != neg_inf<A>()) s += ex(v - m);
+      const A v[1] = {cast<A>(r[j])};
+      ms_fold(v, m, s);
     }
   }
 }
@@ -180,6 +197,7 @@ __device__ __forceinline__ void map_row(const T* in, T* out, int64_t cols, int t
   if constexpr (V > 1) {
     const auto* p = reinterpret_cast<const Pack<T, V>*>(in);
     auto* q = reinterpret_cast<Pack<T, V>*>(out);
+#pragma unroll 4
     for (int64_t k = tid; k < cols / V; k += nt) {
       const Pack<T, V> pk = p[k];
       Pack<T, V> o;
@@ -220,6 +238,7 @@ __device__ __forceinline__ void map_row2(const T* a, const T* b, T* out, int64_t
     const auto* pa = reinterpret_cast<const Pack<T, V>*>(a);
     const auto* pb = reinterpret_cast<const Pack<T, V>*>(b);
     auto* q = reinterpret_cast<Pack<T, V>*>(out);
+#pragma unroll 4
     for (int64_t k = tid; k < cols / V; k += nt) {
       const Pack<T, V> ka = pa[k], kb = pb[k];
       Pack<T, V> o;
@@ -246,6 +265,7 @@ __global__ void softmax_bwd_kernel(const T* __restrict__ g, const T* __restrict_
   if constexpr (V > 1) {
     const auto* pg = reinterpret_cast<const Pack<T, V>*>(gr);
     const auto* py = reinterpret_cast<const Pack<T, V>*>(yr);
+#pragma unroll 4
     for (int64_t k = tid; k < cols / V; k += nt) {
       const Pack<T, V> kg = pg[k];
       Pack<T, V> ky;
