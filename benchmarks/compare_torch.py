@@ -64,6 +64,11 @@ WORKLOADS = [
     ("softmax_fwd_bwd_4096x50304_fp32", "softmax fwd+bwd 4096x50304 fp32", "lower", ("ratio", "<=", 0.77, " (1.3x faster)")),
     ("softmax_fwd_bwd_4096x50304_bf16", "softmax fwd+bwd 4096x50304 bf16", "lower", ("ratio", "<=", 0.77, " (1.3x faster)")),
     ("cross_entropy_fwd_bwd_16384x50304_bf16", "cross_entropy fwd+bwd 16384x50304 bf16", "lower", ("abs", "<=", 1.0)),
+    # ---- issue 15: whole models (tg_bench_models). MNIST-shaped MLP 784-512-512-10, batch 128, cross_entropy +
+    # Adam, 60000 rows on the GPU, device shuffle; us/step over one epoch (469 steps). The graph row has no
+    # PyTorch side of its own: its baseline is PyTorch eager, as in the issue's table.
+    ("mlp_mnist_epoch", "MLP 784-512-512-10 epoch, eager", "lower", ("abs", "<=", 100.0)),
+    ("mlp_mnist_epoch_graph", "MLP 784-512-512-10 epoch, CUDA graph", "lower", ("abs", "<=", 50.0)),
 ]
 
 
@@ -209,6 +214,29 @@ def torch_timings(warmup, reps, only):
         b = torch.rand(10_000_000, dtype=torch.float64)
         out["vectorize_mul_10M_host"] = (wall_ms(lambda: (a.cuda() * b.cuda()).cpu()), "ms")
         del a, b
+    # ---- issue 15: whole models
+    if wants("mlp_mnist_epoch"):
+        # PyTorch eager, fused Adam, device-side shuffle (randperm + index), as the regression epoch above.
+        torch.manual_seed(0)
+        xm = torch.rand(60000, 784, device="cuda")
+        ym = torch.randint(0, 10, (60000,), device="cuda")
+        mlp = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                  torch.nn.ReLU(), torch.nn.Linear(512, 10)).cuda()
+        adam = torch.optim.Adam(mlp.parameters(), fused=True)
+
+        def mlp_epoch():
+            perm = torch.randperm(60000, device="cuda")
+            for i in range(0, 60000, 128):
+                idx = perm[i:i + 128]
+                adam.zero_grad()
+                loss = torch.nn.functional.cross_entropy(mlp(xm[idx]), ym[idx])
+                loss.backward()
+                adam.step()
+
+        us = wall_ms(mlp_epoch) * 1e3 / 469
+        out["mlp_mnist_epoch"] = (us, "us/step")
+        out["mlp_mnist_epoch_graph"] = (us, "us/step")
+        del xm, ym, mlp, adam
     # The seed's AMP loop (tg_bench_amp): 100 steps per repeat, us/step; peak memory of the fp16 run.
     for name, dt in [("amp_train_fp16", torch.float16), ("amp_train_bf16", torch.bfloat16), ("amp_train_fp32", None)]:
         if not (wants(name) or (name == "amp_train_fp16" and wants("amp_train_fp16_peak_mib"))):
@@ -268,7 +296,8 @@ def run_tg_programs(bench_dir, reps, only):
     """Runs the C++ benchmark programs; returns (parsed JSON records, failed program names)."""
     records, failed = [], []
     for prog in ("tg_bench_gpu", "tg_bench_cpu", "tg_bench_interop", "tg_bench_amp", "tg_bench_overhead",
-                 "tg_bench_softmax"):  # ---- issue 15: tg_bench_softmax
+                 "tg_bench_softmax",  # ---- issue 15: tg_bench_softmax, tg_bench_models
+                 "tg_bench_models"):
         path = os.path.join(bench_dir, prog)
         if not os.path.exists(path):
             print(f"compare_torch: {path} not found (build with -DTG_BUILD_BENCHMARKS=ON)", file=sys.stderr)
