@@ -83,7 +83,12 @@ enum class AutocastCategory : uint8_t { None, Lower, Fp32, Promote };
   _(To, "to", None)                         \
   _(Contiguous, "contiguous", None)         \
   _(Clone, "clone", None)                   \
-  _(Alias, "alias", None) /* detach(), t() of a vector: same values */
+  _(Alias, "alias", None) /* detach(), t() of a vector: same values */ \
+  /* ---- issue 15: normalization, embedding, dropout */ \
+  _(LayerNorm, "layer_norm", Fp32) /* x, [weight, [bias]]; normalized_shape, eps */ \
+  _(RmsNorm, "rms_norm", Fp32)     /* x, [weight]; normalized_shape, eps */ \
+  _(Embedding, "embedding", None)  /* index, weight */ \
+  _(Dropout, "dropout", None)      /* x; p (traced only in training mode) */
 
 enum class OpKind : uint16_t {
 #define TG_OP_ENUM(name, str, cat) name,

@@ -11,6 +11,10 @@
 #include <tapegrad/core/ops.h>
 #include <tapegrad/export/export.h>
 #include <tapegrad/nn/loss.h>
+// ---- issue 15: normalization, embedding, dropout
+#include <tapegrad/nn/dropout.h>
+#include <tapegrad/nn/embedding.h>
+#include <tapegrad/nn/normalization.h>
 
 namespace tg::exporting {
 
@@ -50,6 +54,11 @@ const OpSchema& op_schema(OpKind op) {
   static const OpSchema kTo{1, {{"dtype", T::DType}}};
   static const OpSchema kLinear{3, {}, 1};  // x, weight[, bias]
   static const OpSchema kMseLoss{2, {{"reduction", T::Int}}};
+  // ---- issue 15: normalization, embedding, dropout
+  static const OpSchema kLayerNorm{3, {{"normalized_shape", T::Ints}, {"eps", T::Scalar}}, 2};  // x[, w[, b]]
+  static const OpSchema kRmsNorm{2, {{"normalized_shape", T::Ints}, {"eps", T::Scalar}}, 1};    // x[, w]
+  static const OpSchema kEmbedding{2, {}};                                                       // index, weight
+  static const OpSchema kDropout{1, {{"p", T::Scalar}}};
   switch (op) {  // no default: a new op in TG_FORALL_OPS is a -Wswitch warning here
     case OpKind::Add:
     case OpKind::Sub: return kAlpha;
@@ -113,6 +122,11 @@ const OpSchema& op_schema(OpKind op) {
     case OpKind::IndexSelect: return kIndexSelect;
     case OpKind::Cat: return kCat;
     case OpKind::To: return kTo;
+    // ---- issue 15: normalization, embedding, dropout
+    case OpKind::LayerNorm: return kLayerNorm;
+    case OpKind::RmsNorm: return kRmsNorm;
+    case OpKind::Embedding: return kEmbedding;
+    case OpKind::Dropout: return kDropout;
   }
   TG_ERROR("export: no schema for op ", static_cast<int>(op));
 }
@@ -397,6 +411,15 @@ Tensor execute(const Node& n, const std::vector<Tensor>& in, DType out_dtype) {
     case OpKind::Contiguous: return a().contiguous();
     case OpKind::Clone: return a().clone();
     case OpKind::Alias: return a().detach();
+    // ---- issue 15: normalization, embedding, dropout
+    case OpKind::LayerNorm:
+      return nn::functional::layer_norm(a(), Shape(attr_ints(n, "normalized_shape")), in.size() > 1 ? in[1] : Tensor(),
+                                        in.size() > 2 ? in[2] : Tensor(), attr_scalar(n, "eps").to_double());
+    case OpKind::RmsNorm:
+      return nn::functional::rms_norm(a(), Shape(attr_ints(n, "normalized_shape")), in.size() > 1 ? in[1] : Tensor(),
+                                      attr_scalar(n, "eps").to_double());
+    case OpKind::Embedding: return nn::functional::embedding(a(), b());
+    case OpKind::Dropout: return nn::functional::dropout(a(), attr_scalar(n, "p").to_double(), true);
   }
   TG_ERROR("export: cannot execute op ", static_cast<int>(n.op));
 }

@@ -66,6 +66,16 @@ class CpuBackend final : public backend::Backend {
                          const Tensor& target, backend::LossReduction r) override {
     cpu::mse_loss_backward(grad_input, grad_target, grad, input, target, r);
   }
+  // ---- issue 15: normalization, embedding, dropout
+  void norm_forward(const backend::NormArgs& a) override { cpu::norm_forward(a); }
+  void norm_backward(const backend::NormBackwardArgs& a) override { cpu::norm_backward(a); }
+  void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx,
+                          bool) override {
+    cpu::embedding_backward(grad_weight, grad, index, padding_idx);  // always in a fixed order
+  }
+  void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset) override {
+    cpu::dropout(out, x, p, scale, seed, offset);
+  }
 };
 
 }  // namespace
