@@ -3,7 +3,7 @@
 // Why hand-written: cuDNN has no layer_norm backward that gives the input, weight and bias
 // gradients in one pass over the data, and composing reductions + elementwise ops reads a row
 // 3-5 times. Here a row is read once into registers by a group of threads (a warp for rows of up
-// to 128 16-byte vectors, else a block) with 16-byte loads; statistics are exact two-pass sums
+// to 64 16-byte vectors, else a block) with 16-byte loads; statistics are exact two-pass sums
 // over those registers in float (double for float64); forward writes y and the row's mean and
 // 1/std only. Backward reads x, dy (and the weight) once: each thread's columns are fixed across
 // the rows it visits, so it keeps the weight / bias gradient of its columns in registers over all
@@ -50,7 +50,7 @@ __device__ __forceinline__ A group_sum(A v, A* red) {
   }
 }
 
-// One row per group (G32: a warp, for rows of <= 128 vectors; else the block); K vectors of V
+// One row per group (G32: a warp, for rows of <= 64 vectors; else the block); K vectors of V
 // elements per thread.
 template <class T, int V, int K, bool G32>
 __global__ void norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
@@ -278,16 +278,20 @@ NormPlan plan(int64_t rows, int64_t cols, int V, bool aligned, int device, const
   p.vec = aligned && cols % V == 0 ? V : 1;
   const int64_t nvec = cols / p.vec;
   const int sms = sm_count(device);
-  if (nvec <= 32 * 4) {  // more per lane costs occupancy in backward (2 K x V accumulators)
+  // Warp mode up to 2 vectors per lane; blocks aim at 2 vectors per thread for 4-byte types and
+  // 1 for narrower ones (8 elements per vector already): backward keeps 2 K x V accumulators per
+  // thread, and more than ~64 registers costs occupancy (ptxas: <float, 4, 2> 55 registers,
+  // <bfloat16, 8, 4> 168).
+  if (nvec <= 32 * 2) {
     p.warp = true;
     p.threads = 32 * kWarpRowsPerBlock;
     p.k = pick_k(nvec, 32);
     p.grid = std::min<int64_t>((rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock, int64_t{sms} * 16);
   } else {
     p.warp = false;
-    p.threads = nvec <= 128 * 8 ? 128 : nvec <= 256 * 8 ? 256 : nvec <= 512 * 8 ? 512 : 1024;
-    // Fewer vectors per thread where the row allows it (more threads in flight).
-    while (p.threads < 1024 && nvec > int64_t{p.threads} * 2) p.threads *= 2;
+    const int want_k = p.vec >= 8 ? 1 : 2;
+    p.threads = 128;
+    while (p.threads < 1024 && nvec > int64_t{p.threads} * want_k) p.threads *= 2;
     p.k = pick_k(nvec, p.threads);
     TG_CHECK(p.k > 0, op, ": rows of ", cols, " elements are too long for the CUDA kernel (at most ",
              int64_t{1024} * kMaxK * p.vec, " for this dtype and alignment)");
