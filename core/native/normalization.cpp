@@ -3,6 +3,7 @@
 // nn/normalization.cpp, nn/embedding.cpp and nn/dropout.cpp.
 #include <atomic>
 #include <cmath>
+#include <vector>
 
 #include <tapegrad/core/cuda_graph.h>
 #include <tapegrad/core/native.h>
@@ -132,9 +133,12 @@ Tensor embedding(const Tensor& index, const Tensor& weight) {
   bool check = flat.numel() > 0;
   if (check && index.is_cuda() && cuda::detail::stream_capturing(index.device().index())) check = false;
   if (check) {
-    const int64_t lo = reduce(backend::ReduceOp::Min, flat, DimList(), false).item<int64_t>();
-    const int64_t hi = reduce(backend::ReduceOp::Max, flat, DimList(), false).item<int64_t>();
-    TG_CHECK(lo >= 0 && hi < num, "embedding: index out of range: values in [", lo, ", ", hi,
+    // One read-back for both bounds (a device synchronisation on CUDA).
+    Tensor lo = native::reshape(reduce(backend::ReduceOp::Min, flat, DimList(), false), {1});
+    Tensor hi = native::reshape(reduce(backend::ReduceOp::Max, flat, DimList(), false), {1});
+    Tensor lo_hi = native::cat({lo, hi}, 0);
+    const std::vector<int64_t> b = native::to(lo_hi, Device(kCPU), kInt64).to_vector<int64_t>();
+    TG_CHECK(b[0] >= 0 && b[1] < num, "embedding: index out of range: values in [", b[0], ", ", b[1],
              "] for a weight of shape ", weight.sizes(), " (index shape ", index.sizes(), ")");
   }
   Tensor rows = native::index_select(weight, 0, flat, false);
