@@ -200,5 +200,27 @@ TEST(ExportOnnx, LayerNormRmsNormEmbedding) {
   const std::vector<tg::Tensor> got = ep.run(in2), want = fn(in2);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) expect_close(to_f64(got[i]), to_f64(want[i]), 1e-6);
+  // The .tgx round trip keeps normalized_shape and eps.
+  const auto tgx_dir = scratch("tgx");
+  fs::create_directories(tgx_dir);
+  const auto tgx = (fs::path(tgx_dir) / "norm.tgx").string();
+  ep.save(tgx);
+  const std::vector<tg::Tensor> loaded = tg::ExportedProgram::load(tgx).run(in2);
+  ASSERT_EQ(loaded.size(), want.size());
+  for (size_t i = 0; i < loaded.size(); ++i) expect_close(to_f64(loaded[i]), to_f64(want[i]), 1e-6);
   check_with_onnxruntime(ep, in2, {"x0", "x1"});
+}
+
+// A traced dropout (training mode) replays as dropout; ONNX gets a Dropout node in training mode.
+TEST(ExportOnnx, DropoutInTrainingModeIsTraced) {
+  auto fn = [](const std::vector<tg::Tensor>& in) {
+    return std::vector<tg::Tensor>{tg::nn::functional::dropout(in[0], 0.25)};
+  };
+  auto ep = tg::export_function(fn, {tg::randn({8, 8})}, {});
+  EXPECT_NE(ep.graph().find("dropout("), std::string::npos) << ep.graph();
+  const tg::Tensor y = ep.run({tg::ones({8, 8})})[0];
+  for (double v : to_f64(y)) EXPECT_TRUE(v == 0 || std::abs(v - 1 / 0.75) < 1e-6) << v;
+  const auto dir = scratch("onnx");
+  fs::create_directories(dir);
+  ep.save_onnx((fs::path(dir) / "dropout.onnx").string());
 }
