@@ -44,8 +44,7 @@ void emit_bw(const std::string& name, double ms, double bytes) {
 }
 
 void layer_norm(const Options& o, int64_t rows, int64_t cols, tg::DType dt, const char* dname) {
-  const std::string name =
-      "layer_norm_fwd_bwd_" + std::to_string(rows) + "x" + std::to_string(cols) + "_" + dname;
+  const std::string name = "layer_norm_fwd_bwd_" + std::to_string(rows) + "x" + std::to_string(cols) + "_" + dname;
   if (!o.wants(name)) return;
   auto opts = tg::TensorOptions().device(tg::kCUDA).dtype(dt);
   tg::Tensor x = tg::randn({rows, cols}, opts).requires_grad_();

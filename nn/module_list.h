@@ -14,8 +14,8 @@ class ModuleList : public Module {
  public:
   ModuleList() = default;
   template <detail::ModuleArg... Ms>
-  requires(sizeof...(Ms) > 0 && !(sizeof...(Ms) == 1 && (std::is_same_v<std::decay_t<Ms>, ModuleList> && ...)))
-  explicit ModuleList(Ms&&... modules) {
+  requires(sizeof...(Ms) > 0 && !(sizeof...(Ms) == 1 && (std::is_same_v<std::decay_t<Ms>, ModuleList> &&
+                                                         ...))) explicit ModuleList(Ms&&... modules) {
     (push_back(std::forward<Ms>(modules)), ...);
   }
 

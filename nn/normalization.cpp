@@ -15,10 +15,14 @@ namespace tg::nn {
 namespace {
 double machine_eps(DType dt) {
   switch (dt) {
-    case kFloat64: return std::numeric_limits<double>::epsilon();
-    case kFloat16: return 0.0009765625;  // 2^-10
-    case kBFloat16: return 0.0078125;    // 2^-7
-    default: return std::numeric_limits<float>::epsilon();
+    case kFloat64:
+      return std::numeric_limits<double>::epsilon();
+    case kFloat16:
+      return 0.0009765625;  // 2^-10
+    case kBFloat16:
+      return 0.0078125;  // 2^-7
+    default:
+      return std::numeric_limits<float>::epsilon();
   }
 }
 

@@ -54,8 +54,8 @@ RefNorm ref_norm(const std::vector<double>& x, const std::vector<double>& w, con
 void check_norm(Dev dev, DType dt, int64_t rows, int64_t n, bool rms, double tol) {
   const Device d = to_device(dev);
   tg::manual_seed(3);
-  Tensor x64 = tg::randn({rows, n}, kFloat64) * 2 + 0.5, w64 = tg::randn({n}, kFloat64),
-         b64 = tg::randn({n}, kFloat64), g64 = tg::randn({rows, n}, kFloat64);
+  Tensor x64 = tg::randn({rows, n}, kFloat64) * 2 + 0.5, w64 = tg::randn({n}, kFloat64), b64 = tg::randn({n}, kFloat64),
+         g64 = tg::randn({rows, n}, kFloat64);
   Tensor x = x64.to(d, dt).detach().requires_grad_(true), w = w64.to(d, dt).detach().requires_grad_(true),
          b = b64.to(d, dt).detach().requires_grad_(true);
   // Reference from the rounded inputs.
@@ -70,8 +70,10 @@ void check_norm(Dev dev, DType dt, int64_t rows, int64_t n, bool rms, double tol
   expect_near_vec(host(x.grad()), ref.gx, tol * 4, tol * 4, what + " grad x");
   const double sum_tol = tol * std::sqrt(static_cast<double>(rows)) * 4;
   expect_near_vec(host(w.grad()), ref.gw, sum_tol, tol, what + " grad weight");
-  if (!rms) expect_near_vec(host(b.grad()), ref.gb, sum_tol, tol, what + " grad bias");
-  else EXPECT_FALSE(b.grad().defined());
+  if (!rms)
+    expect_near_vec(host(b.grad()), ref.gb, sum_tol, tol, what + " grad bias");
+  else
+    EXPECT_FALSE(b.grad().defined());
 }
 
 TEST_P(Norm, LayerNormMatchesReference) {
@@ -133,7 +135,7 @@ TEST(NormErrors, BadInputsNameTheOp) {
     EXPECT_NE(std::string(e.what()).find("layer_norm"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("[2, 3]"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(F::layer_norm(x, {3}, tg::ones({4})), Error);                            // weight shape
+  EXPECT_THROW(F::layer_norm(x, {3}, tg::ones({4})), Error);                           // weight shape
   EXPECT_THROW(F::layer_norm(x, {3}, tg::ones({3}, TensorOptions(kFloat64))), Error);  // weight dtype
   EXPECT_THROW(F::rms_norm(x, {2, 3, 4}), Error);
   EXPECT_THROW(F::rms_norm(tg::ones({2, 3}, TensorOptions(kInt64)), {3}), Error);
@@ -173,14 +175,14 @@ class Emb : public ::testing::TestWithParam<Dev> {};
 INSTANTIATE_TEST_SUITE_P(Devices, Emb, ::testing::Values(Dev::CPU, Dev::CUDA), dev_name);
 
 void check_embedding(Dev dev, DType dt, int64_t num, int64_t dim, Shape index_shape, std::optional<int64_t> pad,
-                     double tol) {
+                     double tol, DType index_dtype = kInt64) {
   const Device d = to_device(dev);
   tg::manual_seed(11);
   const int64_t n = index_shape.numel();
   std::vector<int64_t> idx(n);
   for (int64_t i = 0; i < n; ++i) idx[i] = (i * 7 + i / 3) % num;  // repeats
   if (n > 2) idx[1] = idx[2] = 0;
-  Tensor index = tg::tensor<int64_t>(idx, index_shape, TensorOptions(kInt64).device(d));
+  Tensor index = tg::tensor<int64_t>(idx, index_shape, TensorOptions(kInt64).device(d)).to(index_dtype);
   Tensor w = tg::randn({num, dim}, TensorOptions(kFloat64)).to(d, dt).detach().requires_grad_(true);
   Tensor out = F::embedding(index, w, {.padding_idx = pad});
   Shape want_shape = index_shape;
@@ -208,6 +210,8 @@ TEST_P(Emb, ForwardBackwardMatchReference) {
   check_embedding(GetParam(), kFloat16, 9, 33, {2, 3, 7}, 3, 2e-2);
   check_embedding(GetParam(), kBFloat16, 9, 130, {40}, std::nullopt, 1e-1);
   check_embedding(GetParam(), kFloat32, 4, 3, {}, std::nullopt, 1e-6);  // 0-d index
+  check_embedding(GetParam(), kFloat32, 70, 20, {5, 50}, 3, 1e-5, kInt32);
+  check_embedding(GetParam(), kFloat16, 70, 24, {500}, std::nullopt, 5e-2, kInt32);
 }
 
 TEST_P(Emb, BackwardIsBitReproducibleByDefault) {
@@ -223,8 +227,10 @@ TEST_P(Emb, BackwardIsBitReproducibleByDefault) {
     Tensor w = tg::zeros({37, 64}, TensorOptions(kFloat32).device(d)).requires_grad_(true);
     F::embedding(ix, w).backward(g);
     auto v = w.grad().to(kCPU).to_vector<float>();
-    if (rep == 0) first = v;
-    else EXPECT_EQ(v, first) << "run " << rep;
+    if (rep == 0)
+      first = v;
+    else
+      EXPECT_EQ(v, first) << "run " << rep;
   }
   // With the switch off the result is still right (atomics on CUDA), up to rounding.
   tg::use_deterministic_algorithms(false);

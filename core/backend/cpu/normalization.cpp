@@ -18,11 +18,20 @@ namespace {
 template <class F>
 void visit_float(DType dt, const char* op, F&& f) {
   switch (dt) {
-    case kFloat32: f(float{}); return;
-    case kFloat64: f(double{}); return;
-    case kFloat16: f(Half{}); return;
-    case kBFloat16: f(BFloat16{}); return;
-    default: TG_ERROR(op, ": expected a floating dtype, got ", dt);
+    case kFloat32:
+      f(float{});
+      return;
+    case kFloat64:
+      f(double{});
+      return;
+    case kFloat16:
+      f(Half{});
+      return;
+    case kBFloat16:
+      f(BFloat16{});
+      return;
+    default:
+      TG_ERROR(op, ": expected a floating dtype, got ", dt);
   }
 }
 template <class T>

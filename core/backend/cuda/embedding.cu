@@ -92,7 +92,7 @@ void sorted_backward(const Tensor& gw, const Tensor& grad, const Tensor& index, 
                                                 static_cast<int>(n), 0, end_bit, stream));
   const auto sgrid = static_cast<unsigned>(std::min<int64_t>(n, int64_t{1} << 30));
   segment_sum_kernel<T, K, I><<<sgrid, kThreads, 0, stream>>>(keys_out, pos_out, static_cast<const T*>(grad.data_ptr()),
-                                                               static_cast<T*>(gw.data_ptr()), n, dim, padding_idx);
+                                                              static_cast<T*>(gw.data_ptr()), n, dim, padding_idx);
   TG_CUDA_CHECK_LAUNCH();
 }
 
@@ -110,8 +110,7 @@ void embedding_backward(const Tensor& gw, const Tensor& grad, const Tensor& inde
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       if (!deterministic) {
         const int64_t total = n * dim;
-        const auto grid =
-            static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, int64_t{sm_count(device)} * 16));
+        const auto grid = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, int64_t{sm_count(device)} * 16));
         if (is64)
           atomic_kernel<T, int64_t><<<grid, 256, 0, stream>>>(static_cast<const int64_t*>(index.data_ptr()),
                                                               static_cast<const T*>(grad.data_ptr()),

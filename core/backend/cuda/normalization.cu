@@ -13,10 +13,10 @@
 #include <algorithm>
 #include <type_traits>
 
+#include <tapegrad/core/philox.h>
 #include <tapegrad/core/backend/cuda/kernels.cuh>
 #include <tapegrad/core/backend/cuda/loops.cuh>
 #include <tapegrad/core/backend/cuda/reduce.cuh>
-#include <tapegrad/core/philox.h>
 
 namespace tg::cuda::kern {
 namespace {
@@ -306,14 +306,24 @@ void with_vk(const NormPlan& p, F&& f) {
   auto by_k = [&](auto vtag) {
     constexpr int VV = decltype(vtag)::value;
     switch (p.k) {
-      case 1: f(std::integral_constant<int, VV>{}, std::integral_constant<int, 1>{}); break;
-      case 2: f(std::integral_constant<int, VV>{}, std::integral_constant<int, 2>{}); break;
-      case 4: f(std::integral_constant<int, VV>{}, std::integral_constant<int, 4>{}); break;
-      default: f(std::integral_constant<int, VV>{}, std::integral_constant<int, 8>{}); break;
+      case 1:
+        f(std::integral_constant<int, VV>{}, std::integral_constant<int, 1>{});
+        break;
+      case 2:
+        f(std::integral_constant<int, VV>{}, std::integral_constant<int, 2>{});
+        break;
+      case 4:
+        f(std::integral_constant<int, VV>{}, std::integral_constant<int, 4>{});
+        break;
+      default:
+        f(std::integral_constant<int, VV>{}, std::integral_constant<int, 8>{});
+        break;
     }
   };
-  if (p.vec == V) by_k(std::integral_constant<int, V>{});
-  else by_k(std::integral_constant<int, 1>{});
+  if (p.vec == V)
+    by_k(std::integral_constant<int, V>{});
+  else
+    by_k(std::integral_constant<int, 1>{});
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -340,13 +350,11 @@ void norm_forward(const backend::NormArgs& a) {
       constexpr int VV = decltype(vt)::value, KK = decltype(kt)::value;
       const auto grid = static_cast<unsigned>(p.grid);
       if (p.warp)
-        norm_fwd_kernel<T, VV, KK, true><<<grid, p.threads, 0, stream>>>(x, w, b, y, mean, rstd, a.rows,
-                                                                          static_cast<int>(a.cols),
-                                                                          static_cast<A>(a.eps), a.rms);
+        norm_fwd_kernel<T, VV, KK, true><<<grid, p.threads, 0, stream>>>(
+            x, w, b, y, mean, rstd, a.rows, static_cast<int>(a.cols), static_cast<A>(a.eps), a.rms);
       else
-        norm_fwd_kernel<T, VV, KK, false><<<grid, p.threads, 0, stream>>>(x, w, b, y, mean, rstd, a.rows,
-                                                                           static_cast<int>(a.cols),
-                                                                           static_cast<A>(a.eps), a.rms);
+        norm_fwd_kernel<T, VV, KK, false><<<grid, p.threads, 0, stream>>>(
+            x, w, b, y, mean, rstd, a.rows, static_cast<int>(a.cols), static_cast<A>(a.eps), a.rms);
       TG_CUDA_CHECK_LAUNCH();
     });
   });
@@ -385,12 +393,13 @@ void norm_backward(const backend::NormBackwardArgs& a) {
       if (p.warp) {
         auto kern = norm_bwd_kernel<T, VV, KK, true>;
         if (smem > 48 * 1024)
-          TG_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+          TG_CUDA_CHECK(
+              cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
         kern<<<grid, p.threads, smem, stream>>>(g, x, w, mean, rstd, dx, pw, pb, a.rows, static_cast<int>(a.cols),
                                                 a.rms);
       } else {
-        norm_bwd_kernel<T, VV, KK, false><<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, pw, pb, a.rows,
-                                                                           static_cast<int>(a.cols), a.rms);
+        norm_bwd_kernel<T, VV, KK, false>
+            <<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, pw, pb, a.rows, static_cast<int>(a.cols), a.rms);
       }
       TG_CUDA_CHECK_LAUNCH();
     });
@@ -401,8 +410,8 @@ void norm_backward(const backend::NormBackwardArgs& a) {
       TG_CUDA_CHECK_LAUNCH();
     }
     if (want_b) {
-      column_sum_kernel<T><<<rgrid, rblock, 0, stream>>>(pb, p.grid, static_cast<int>(a.cols),
-                                                         static_cast<T*>(a.grad_bias.data_ptr()));
+      column_sum_kernel<T>
+          <<<rgrid, rblock, 0, stream>>>(pb, p.grid, static_cast<int>(a.cols), static_cast<T*>(a.grad_bias.data_ptr()));
       TG_CUDA_CHECK_LAUNCH();
     }
   });
@@ -438,8 +447,8 @@ void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_
   dispatch<kFloats>(x.dtype(), "dropout", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t nblk = (n + 3) / 4;
-    const auto grid =
-        static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((nblk + 255) / 256, int64_t{sm_count(device)} * 8)));
+    const auto grid = static_cast<unsigned>(
+        std::max<int64_t>(1, std::min<int64_t>((nblk + 255) / 256, int64_t{sm_count(device)} * 8)));
     dropout_kernel<T><<<grid, 256, 0, stream>>>(static_cast<const T*>(x.data_ptr()), static_cast<T*>(out.data_ptr()), n,
                                                 static_cast<float>(p), scale, seed, offset);
     TG_CUDA_CHECK_LAUNCH();
