@@ -69,6 +69,18 @@ WORKLOADS = [
     # PyTorch side of its own: its baseline is PyTorch eager, as in the issue's table.
     ("mlp_mnist_epoch", "MLP 784-512-512-10 epoch, eager", "lower", ("abs", "<=", 100.0)),
     ("mlp_mnist_epoch_graph", "MLP 784-512-512-10 epoch, CUDA graph", "lower", ("abs", "<=", 50.0)),
+    # ---- issue 15: normalization, embedding, dropout (tg_bench_norm). Speed targets as time ratios:
+    # 1.5x faster is ratio <= 1/1.5. PyTorch 2.11 on the H200: 0.369 / 0.315 / 0.355 / 0.226 / 0.870 ms.
+    ("layer_norm_fwd_bwd_32768x768_fp32", "layer_norm fwd+bwd [32768, 768] fp32", "lower",
+     ("ratio", "<=", 1 / 1.5, " (1.5x faster)")),
+    ("layer_norm_fwd_bwd_32768x768_bf16", "layer_norm fwd+bwd [32768, 768] bf16", "lower",
+     ("ratio", "<=", 1 / 1.5, " (1.5x faster)")),
+    ("layer_norm_fwd_bwd_8192x4096_fp32", "layer_norm fwd+bwd [8192, 4096] fp32", "lower",
+     ("ratio", "<=", 1 / 1.3, " (1.3x faster)")),
+    ("layer_norm_fwd_bwd_8192x4096_bf16", "layer_norm fwd+bwd [8192, 4096] bf16", "lower",
+     ("ratio", "<=", 1 / 1.3, " (1.3x faster)")),
+    ("embedding_fwd_bwd_50304x768_32768", "embedding fwd+bwd 50304x768 fp32, 32768 idx", "lower",
+     ("ratio", "<=", 1 / 1.2, " (1.2x faster)")),
 ]
 
 
@@ -288,6 +300,36 @@ def torch_timings(warmup, reps, only):
 
         out["cross_entropy_fwd_bwd_16384x50304_bf16"] = (event_ms(ce_step), "ms")
         del xc, tc
+    # ---- issue 15: normalization, embedding, dropout (as tg_bench_norm: 10 iterations per timed repeat)
+    for rows, cols, dt, dname in [(32768, 768, torch.float32, "fp32"), (32768, 768, torch.bfloat16, "bf16"),
+                                  (8192, 4096, torch.float32, "fp32"), (8192, 4096, torch.bfloat16, "bf16")]:
+        name = f"layer_norm_fwd_bwd_{rows}x{cols}_{dname}"
+        if not wants(name):
+            continue
+        xl = torch.randn(rows, cols, device="cuda", dtype=dt, requires_grad=True)
+        wl = torch.randn(cols, device="cuda", dtype=dt, requires_grad=True)
+        bl = torch.randn(cols, device="cuda", dtype=dt, requires_grad=True)
+        gl = torch.randn(rows, cols, device="cuda", dtype=dt)
+
+        def ln_iters():
+            for _ in range(10):
+                xl.grad = wl.grad = bl.grad = None
+                torch.nn.functional.layer_norm(xl, (cols,), wl, bl).backward(gl)
+
+        out[name] = (event_ms(ln_iters) / 10, "ms")
+        del xl, wl, bl, gl
+    if wants("embedding_fwd_bwd_50304x768_32768"):
+        we = torch.randn(50304, 768, device="cuda", requires_grad=True)
+        ie = torch.randint(0, 50304, (32768,), device="cuda")
+        ge = torch.randn(32768, 768, device="cuda")
+
+        def emb_iters():
+            for _ in range(10):
+                we.grad = None
+                torch.nn.functional.embedding(ie, we).backward(ge)
+
+        out["embedding_fwd_bwd_50304x768_32768"] = (event_ms(emb_iters) / 10, "ms")
+        del we, ie, ge
     torch.cuda.empty_cache()
     return out
 
@@ -296,8 +338,8 @@ def run_tg_programs(bench_dir, reps, only):
     """Runs the C++ benchmark programs; returns (parsed JSON records, failed program names)."""
     records, failed = [], []
     for prog in ("tg_bench_gpu", "tg_bench_cpu", "tg_bench_interop", "tg_bench_amp", "tg_bench_overhead",
-                 "tg_bench_softmax",  # ---- issue 15: tg_bench_softmax, tg_bench_models
-                 "tg_bench_models"):
+                 # ---- issue 15: softmax / cross_entropy, whole models, normalization / embedding
+                 "tg_bench_softmax", "tg_bench_models", "tg_bench_norm"):
         path = os.path.join(bench_dir, prog)
         if not os.path.exists(path):
             print(f"compare_torch: {path} not found (build with -DTG_BUILD_BENCHMARKS=ON)", file=sys.stderr)

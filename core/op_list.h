@@ -90,7 +90,12 @@ enum class AutocastCategory : uint8_t { None, Lower, Fp32, Promote };
   _(LogSumExp, "logsumexp", Fp32)        /* dims, keepdim */ \
   _(CrossEntropy, "cross_entropy", Fp32) /* reduction, ignore_index, label_smoothing; inputs: logits, target[, weight] */ \
   _(NllLoss, "nll_loss", Fp32)           /* reduction, ignore_index; inputs: log_probs, target[, weight] */ \
-  _(BceWithLogits, "binary_cross_entropy_with_logits", Fp32) /* reduction, has_weight, has_pos_weight */
+  _(BceWithLogits, "binary_cross_entropy_with_logits", Fp32) /* reduction, has_weight, has_pos_weight */ \
+  /* ---- issue 15: normalization, embedding, dropout */ \
+  _(LayerNorm, "layer_norm", Fp32) /* x, [weight, [bias]]; normalized_shape, eps */ \
+  _(RmsNorm, "rms_norm", Fp32)     /* x, [weight]; normalized_shape, eps */ \
+  _(Embedding, "embedding", None)  /* index, weight */ \
+  _(Dropout, "dropout", None)      /* x; p (traced only in training mode) */
 
 enum class OpKind : uint16_t {
 #define TG_OP_ENUM(name, str, cat) name,

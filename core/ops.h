@@ -153,4 +153,11 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function
 int get_num_threads();
 void set_num_threads(int n);
 
+// ---- issue 15: normalization, embedding, dropout
+// Whether ops must use deterministic algorithms (PyTorch's torch.use_deterministic_algorithms).
+// tapegrad's default is true (PyTorch's is false): embedding's CUDA backward sums in a fixed order
+// (sorted indices). false lets it add with atomics (faster, run-to-run differences in the last bits).
+void use_deterministic_algorithms(bool on);
+bool are_deterministic_algorithms_enabled();
+
 }  // namespace tg

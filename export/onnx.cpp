@@ -560,6 +560,42 @@ void lower(OnnxGraph& g, const Program& p, const Node& n, const std::vector<std:
       if (!w.empty()) per = g.node("Mul", {per, w});
       if (r == 0) g.node("Identity", {per}, out);
       else g.node(r == 1 ? "ReduceMean" : "ReduceSum", {per}, out, {attr_int("keepdims", 0)});
+    // ---- issue 15: normalization, embedding, dropout
+    case OpKind::LayerNorm: {  // opset 17's LayerNormalization (Scale required: ones when absent)
+      const auto ns = exporting::attr_ints(n, "normalized_shape");
+      const int64_t nd = static_cast<int64_t>(ns.size());
+      if (nd == 0 || nd > in_rank) unsupported("layer_norm with normalized_shape of rank " + std::to_string(nd));
+      std::vector<std::string> ins{in_as(0, odt)};
+      ins.push_back(n.inputs.size() > 1 ? in_as(1, odt) : g.initializer(full(Shape(ns), 1, odt)));
+      if (n.inputs.size() > 2) ins.push_back(in_as(2, odt));
+      const float eps = static_cast<float>(exporting::attr_scalar(n, "eps").to_double());
+      g.node("LayerNormalization", ins, out,
+             {attr_int("axis", -nd), OnnxAttr{"epsilon", attr::kFloat, 0, eps, {}}, attr_int("stash_type", 1)});
+      return;
+    }
+    case OpKind::RmsNorm: {  // opset 17 has no RMSNormalization: x / sqrt(mean(x^2) + eps) * w
+      const auto ns = exporting::attr_ints(n, "normalized_shape");
+      const int64_t nd = static_cast<int64_t>(ns.size());
+      if (nd == 0 || nd > in_rank) unsupported("rms_norm with normalized_shape of rank " + std::to_string(nd));
+      std::vector<int64_t> axes;
+      for (int64_t d = in_rank - nd; d < in_rank; ++d) axes.push_back(d);
+      std::string x = in_as(0, odt);
+      std::string ms = g.node("ReduceMean", {g.node("Mul", {x, x})}, "", {attr_ints("axes", axes), attr_int("keepdims", 1)});
+      std::string rms = g.node("Sqrt", {g.node("Add", {ms, g.scalar(exporting::attr_scalar(n, "eps"), odt)})});
+      if (n.inputs.size() > 1) {
+        g.node("Mul", {g.node("Div", {x, rms}), in_as(1, odt)}, out);
+      } else {
+        g.node("Div", {x, rms}, out);
+      }
+      return;
+    }
+    case OpKind::Embedding: {  // weight rows gathered by index
+      g.node("Gather", {in_as(1, odt), in_as(0, kInt64)}, out, {attr_int("axis", 0)});
+      return;
+    }
+    case OpKind::Dropout: {  // traced only in training mode: ONNX's Dropout with training_mode = true
+      std::string ratio = g.scalar(exporting::attr_scalar(n, "p"), odt);
+      g.node("Dropout", {in_as(0, odt), ratio, g.initializer(full({}, true, kBool))}, out);
       return;
     }
   }

@@ -13,6 +13,10 @@
 #include <tapegrad/nn/loss.h>
 // ---- issue 15: classification losses
 #include <tapegrad/nn/classification.h>
+// ---- issue 15: normalization, embedding, dropout
+#include <tapegrad/nn/dropout.h>
+#include <tapegrad/nn/embedding.h>
+#include <tapegrad/nn/normalization.h>
 
 namespace tg::exporting {
 
@@ -59,6 +63,11 @@ const OpSchema& op_schema(OpKind op) {
   static const OpSchema kNllLoss{3, {{"reduction", T::Int}, {"ignore_index", T::Int}}, 1};   // [, weight]
   static const OpSchema kBceWithLogits{
       4, {{"reduction", T::Int}, {"has_weight", T::Bool}, {"has_pos_weight", T::Bool}}, 2};  // [, weight][, pos_weight]
+  // ---- issue 15: normalization, embedding, dropout
+  static const OpSchema kLayerNorm{3, {{"normalized_shape", T::Ints}, {"eps", T::Scalar}}, 2};  // x[, w[, b]]
+  static const OpSchema kRmsNorm{2, {{"normalized_shape", T::Ints}, {"eps", T::Scalar}}, 1};    // x[, w]
+  static const OpSchema kEmbedding{2, {}};                                                       // index, weight
+  static const OpSchema kDropout{1, {{"p", T::Scalar}}};
   switch (op) {  // no default: a new op in TG_FORALL_OPS is a -Wswitch warning here
     case OpKind::Add:
     case OpKind::Sub: return kAlpha;
@@ -129,6 +138,11 @@ const OpSchema& op_schema(OpKind op) {
     case OpKind::CrossEntropy: return kCrossEntropy;
     case OpKind::NllLoss: return kNllLoss;
     case OpKind::BceWithLogits: return kBceWithLogits;
+    // ---- issue 15: normalization, embedding, dropout
+    case OpKind::LayerNorm: return kLayerNorm;
+    case OpKind::RmsNorm: return kRmsNorm;
+    case OpKind::Embedding: return kEmbedding;
+    case OpKind::Dropout: return kDropout;
   }
   TG_ERROR("export: no schema for op ", static_cast<int>(op));
 }
@@ -437,6 +451,15 @@ Tensor execute(const Node& n, const std::vector<Tensor>& in, DType out_dtype) {
       Tensor pw = attr_bool(n, "has_pos_weight") ? in.at(k++) : Tensor();
       return nn::functional::binary_cross_entropy_with_logits(a(), b(), {.reduction = red, .weight = w, .pos_weight = pw});
     }
+    // ---- issue 15: normalization, embedding, dropout
+    case OpKind::LayerNorm:
+      return nn::functional::layer_norm(a(), Shape(attr_ints(n, "normalized_shape")), in.size() > 1 ? in[1] : Tensor(),
+                                        in.size() > 2 ? in[2] : Tensor(), attr_scalar(n, "eps").to_double());
+    case OpKind::RmsNorm:
+      return nn::functional::rms_norm(a(), Shape(attr_ints(n, "normalized_shape")), in.size() > 1 ? in[1] : Tensor(),
+                                      attr_scalar(n, "eps").to_double());
+    case OpKind::Embedding: return nn::functional::embedding(a(), b());
+    case OpKind::Dropout: return nn::functional::dropout(a(), attr_scalar(n, "p").to_double(), true);
   }
   TG_ERROR("export: cannot execute op ", static_cast<int>(n.op));
 }

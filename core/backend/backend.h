@@ -246,11 +246,47 @@ class Backend {
   // none) or 0-d; denom: 0-d or undefined; both of the accumulation dtype.
   virtual void cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& grad_logits, const Tensor& lse,
                                       const Tensor& grad, const Tensor& denom);
+  // ---- issue 15: normalization, embedding, dropout (defaults throw: core/native/normalization.cpp)
+  // layer_norm (rms = false) / rms_norm (rms = true) over rows of a.cols elements (NormArgs).
+  virtual void norm_forward(const struct NormArgs& a);
+  virtual void norm_backward(const struct NormBackwardArgs& a);
+  // grad_weight[index[j]] += grad[j] for every j except index[j] == padding_idx (-1: none).
+  // grad_weight: zeroed, contiguous [num, dim]; grad: contiguous [n, dim] of grad_weight's dtype;
+  // index: contiguous [n] int64 / int32, validated in range. Accumulated in float (double for
+  // float64). deterministic: a fixed summation order (CUDA: sorted indices, segmented sums);
+  // else the device may add with atomics.
+  virtual void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index,
+                                  int64_t padding_idx, bool deterministic);
+  // out[i] = keep(i) ? x[i] * scale : 0 with keep(i) = philox::uniform_f32(seed, offset, i) >= p
+  // (one counter per element, any floating dtype). out, x: contiguous, one dtype and numel.
+  // The backward is the same call on the gradient: the mask is regenerated, never stored.
+  virtual void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset);
 };
 inline constexpr int kMaxAddN = 32;
 inline constexpr int kMaxGatherRows = 8;
 inline constexpr int kMaxLinearGradOut = 8;
 inline constexpr int kMaxLinearGradIn = 2048;
+
+// ---- issue 15: normalization, embedding, dropout
+// layer_norm / rms_norm over the last `cols` elements: x, y contiguous [rows, cols]; weight and
+// bias contiguous [cols] of x's dtype, or undefined (1 / 0). mean (layer_norm only) and rstd:
+// contiguous [rows], float64 for float64 x, else float32. Statistics accumulate in float
+// (double for float64); var is the biased variance; rms: rstd = 1 / sqrt(mean(x^2) + eps).
+struct NormArgs {
+  Tensor x, weight, bias, y, mean, rstd;
+  int64_t rows = 0, cols = 0;
+  double eps = 0;
+  bool rms = false;
+};
+// The gradients from the saved mean / rstd (rms: mean undefined). Each of grad_x,
+// grad_weight, grad_bias may be undefined (not wanted); defined ones are contiguous of x's
+// dtype. grad_out: contiguous [rows, cols] of x's dtype. rows >= 1.
+struct NormBackwardArgs {
+  Tensor grad_out, x, weight, mean, rstd;
+  Tensor grad_x, grad_weight, grad_bias;
+  int64_t rows = 0, cols = 0;
+  bool rms = false;
+};
 
 Backend& get(DeviceType type);
 // How many backend ops this thread has dispatched (a cheap counter for benchmarks: on CUDA

@@ -155,6 +155,21 @@ std::vector<OpCase> cases() {
   add("bce_with_logits", {N({3, 4}), P({3, 4})}, [cw](const Inputs& v) {
     return nn::functional::binary_cross_entropy_with_logits(v[0], v[1] - 0.5,
                                                             {.pos_weight = cw(v[0], {0.5, 2.0, 1.0, 3.0})});
+  // ---- issue 15: normalization, embedding, dropout
+  add("layer_norm", {N({4, 6}), N({6}), N({6})},
+      [](const Inputs& v) { return tg::nn::functional::layer_norm(v[0], {6}, v[1], v[2]); });
+  add("layer_norm_2d_shape_noncontig", {N({5, 3, 4}), N({5, 3})}, [](const Inputs& v) {
+    return tg::nn::functional::layer_norm(v[0].transpose(0, 2), {3, 5}, v[1].t(), Tensor(), 1e-3);
+  });
+  add("layer_norm_no_affine", {N({3, 7})}, [](const Inputs& v) { return tg::nn::functional::layer_norm(v[0], {7}); });
+  add("rms_norm", {N({4, 6}), N({6})}, [](const Inputs& v) { return tg::nn::functional::rms_norm(v[0], {6}, v[1]); });
+  add("rms_norm_noncontig_no_weight", {N({6, 4})},
+      [](const Inputs& v) { return tg::nn::functional::rms_norm(v[0].t(), {6}, Tensor(), 1e-4); });
+  add("embedding", {I({3, 0, 3, 4, 1, 3}), N({5, 4})},
+      [](const Inputs& v) { return tg::nn::functional::embedding(v[0].view({2, 3}), v[1]); });
+  add("dropout_fixed_seed", {N({4, 5})}, [](const Inputs& v) {
+    tg::manual_seed(7);  // the same mask for every evaluation
+    return tg::nn::functional::dropout(v[0], 0.3);
   });
   return c;
 }

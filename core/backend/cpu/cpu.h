@@ -46,6 +46,11 @@ void add_n(const Tensor& out, const std::vector<Tensor>& inputs);
 void mse_loss(const Tensor& out, const Tensor& input, const Tensor& target, backend::LossReduction r);  // loss.cpp
 void mse_loss_backward(const Tensor& grad_input, const Tensor& grad_target, const Tensor& grad, const Tensor& input,
                        const Tensor& target, backend::LossReduction r);
+// ---- issue 15: normalization, embedding, dropout (normalization.cpp)
+void norm_forward(const backend::NormArgs& a);
+void norm_backward(const backend::NormBackwardArgs& a);
+void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx);
+void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset);
 
 // ---- issue 15: softmax and cross_entropy (softmax.cpp)
 void softmax(const Tensor& out, const Tensor& in, bool log);

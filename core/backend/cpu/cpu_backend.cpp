@@ -78,6 +78,15 @@ class CpuBackend final : public backend::Backend {
   void cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& grad_logits, const Tensor& lse,
                               const Tensor& grad, const Tensor& denom) override {
     cpu::cross_entropy_backward(args, grad_logits, lse, grad, denom);
+  // ---- issue 15: normalization, embedding, dropout
+  void norm_forward(const backend::NormArgs& a) override { cpu::norm_forward(a); }
+  void norm_backward(const backend::NormBackwardArgs& a) override { cpu::norm_backward(a); }
+  void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx,
+                          bool) override {
+    cpu::embedding_backward(grad_weight, grad, index, padding_idx);  // always in a fixed order
+  }
+  void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset) override {
+    cpu::dropout(out, x, p, scale, seed, offset);
   }
 };
 

@@ -126,6 +126,27 @@ class CudaBackend final : public Backend {
     if (args.logits.numel() == 0) return;
     cuda::detail::DeviceGuard guard(device_of(args.logits));
     cuda::kern::cross_entropy_backward(args, grad_logits, lse, grad, denom);
+  // ---- issue 15: normalization, embedding, dropout
+  void norm_forward(const NormArgs& a) override {
+    if (a.rows == 0 || a.cols == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(a.x));
+    cuda::kern::norm_forward(a);
+  }
+  void norm_backward(const NormBackwardArgs& a) override {
+    if (a.rows == 0 || a.cols == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(a.x));
+    cuda::kern::norm_backward(a);
+  }
+  void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx,
+                          bool deterministic) override {
+    if (index.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(grad_weight));
+    cuda::kern::embedding_backward(grad_weight, grad, index, padding_idx, deterministic);
+  }
+  void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset) override {
+    if (x.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(x));
+    cuda::kern::dropout(out, x, p, scale, seed, offset);
   }
 };
 

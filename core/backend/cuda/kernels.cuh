@@ -28,5 +28,11 @@ void cross_entropy(const backend::Backend::CrossEntropyArgs& args, const Tensor&
                    const Tensor& wt, const Tensor& grad_logits, const Tensor& denom);
 void cross_entropy_backward(const backend::Backend::CrossEntropyArgs& args, const Tensor& grad_logits,
                             const Tensor& lse, const Tensor& grad, const Tensor& denom);
+// ---- issue 15: normalization, embedding, dropout
+void norm_forward(const backend::NormArgs& a);  // normalization.cu
+void norm_backward(const backend::NormBackwardArgs& a);
+void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset);
+void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx,
+                        bool deterministic);  // embedding.cu
 
 }  // namespace tg::cuda::kern
