@@ -560,6 +560,8 @@ void lower(OnnxGraph& g, const Program& p, const Node& n, const std::vector<std:
       if (!w.empty()) per = g.node("Mul", {per, w});
       if (r == 0) g.node("Identity", {per}, out);
       else g.node(r == 1 ? "ReduceMean" : "ReduceSum", {per}, out, {attr_int("keepdims", 0)});
+      return;
+    }
     // ---- issue 15: normalization, embedding, dropout
     case OpKind::LayerNorm: {  // opset 17's LayerNormalization (Scale required: ones when absent)
       const auto ns = exporting::attr_ints(n, "normalized_shape");

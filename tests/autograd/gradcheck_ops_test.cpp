@@ -155,6 +155,7 @@ std::vector<OpCase> cases() {
   add("bce_with_logits", {N({3, 4}), P({3, 4})}, [cw](const Inputs& v) {
     return nn::functional::binary_cross_entropy_with_logits(v[0], v[1] - 0.5,
                                                             {.pos_weight = cw(v[0], {0.5, 2.0, 1.0, 3.0})});
+  });
   // ---- issue 15: normalization, embedding, dropout
   add("layer_norm", {N({4, 6}), N({6}), N({6})},
       [](const Inputs& v) { return tg::nn::functional::layer_norm(v[0], {6}, v[1], v[2]); });

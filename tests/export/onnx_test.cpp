@@ -226,6 +226,7 @@ TEST(ExportOnnx, SoftmaxFamilyAndClassificationLosses) {
   }
   if (!have_onnx_python()) GTEST_SKIP() << "python3 with onnx, onnxruntime and numpy not found";
   check_with_onnxruntime(ep, in, {"x0", "x1", "x2"});
+}
 // ---- issue 15: normalization, embedding, dropout
 TEST(ExportOnnx, LayerNormRmsNormEmbedding) {
   if (!have_onnx_python()) GTEST_SKIP() << "python3 with onnx, onnxruntime and numpy not found";

@@ -78,6 +78,7 @@ class CpuBackend final : public backend::Backend {
   void cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& grad_logits, const Tensor& lse,
                               const Tensor& grad, const Tensor& denom) override {
     cpu::cross_entropy_backward(args, grad_logits, lse, grad, denom);
+  }
   // ---- issue 15: normalization, embedding, dropout
   void norm_forward(const backend::NormArgs& a) override { cpu::norm_forward(a); }
   void norm_backward(const backend::NormBackwardArgs& a) override { cpu::norm_backward(a); }

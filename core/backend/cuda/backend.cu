@@ -126,6 +126,7 @@ class CudaBackend final : public Backend {
     if (args.logits.numel() == 0) return;
     cuda::detail::DeviceGuard guard(device_of(args.logits));
     cuda::kern::cross_entropy_backward(args, grad_logits, lse, grad, denom);
+  }
   // ---- issue 15: normalization, embedding, dropout
   void norm_forward(const NormArgs& a) override {
     if (a.rows == 0 || a.cols == 0) return;
