@@ -101,6 +101,10 @@ TEST_P(Norm, ShapesAroundKernelBoundaries) {
     check_norm(GetParam(), kFloat32, 3, n, false, 5e-5);
     check_norm(GetParam(), kFloat32, 3, n, true, 5e-5);
   }
+  // Longer than the CUDA kernels keep in registers (8192 vectors): the re-reading kernels.
+  check_norm(GetParam(), kFloat32, 3, 40000, false, 1e-4);
+  check_norm(GetParam(), kFloat32, 3, 9001, true, 1e-4);
+  check_norm(GetParam(), kBFloat16, 2, 70000, false, 6e-2);
   check_norm(GetParam(), kFloat32, 1500, 40, false, 5e-5);
   check_norm(GetParam(), kBFloat16, 700, 256, false, 6e-2);
 }
