@@ -215,6 +215,9 @@ TEST_P(Emb, ForwardBackwardMatchReference) {
   check_embedding(GetParam(), kBFloat16, 9, 130, {40}, std::nullopt, 1e-1);
   check_embedding(GetParam(), kFloat32, 4, 3, {}, std::nullopt, 1e-6);  // 0-d index
   check_embedding(GetParam(), kFloat32, 70, 20, {5, 50}, 3, 1e-5, kInt32);
+  // Few distinct indices: runs of ~1000 positions across many of CUDA's 32-position blocks.
+  check_embedding(GetParam(), kFloat32, 2, 40, {3000}, 1, 1e-4);
+  check_embedding(GetParam(), kFloat32, 3, 130, {3001}, std::nullopt, 1e-4);
   check_embedding(GetParam(), kFloat16, 70, 24, {500}, std::nullopt, 5e-2, kInt32);
 }
 
