@@ -593,22 +593,31 @@ void norm_backward(const backend::NormBackwardArgs& a) {
 
 namespace {
 // Element i keeps when the float32 uniform of counter offset + i is >= p (core/philox.h's
-// mapping); one thread per block of 4 counters (offset is a multiple of 4).
-template <class T>
+// mapping); one thread per block of 4 counters (offset is a multiple of 4), its 4 elements moved
+// as one vector when VEC (x and out aligned to 4 elements).
+template <class T, bool VEC>
 __global__ void dropout_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t n, float p, double scale,
                                uint64_t seed, uint64_t offset) {
   using A = opmath_t<T>;
+  using P = NPack<T, 4>;
+  const A s = static_cast<A>(scale);
   const int64_t nblk = (n + 3) / 4;
   for (int64_t bk = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; bk < nblk;
        bk += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const philox::Block r = philox::generate(seed, (offset >> 2) + static_cast<uint64_t>(bk));
+    if (VEC && bk * 4 + 4 <= n) {
+      const P in = reinterpret_cast<const P*>(x)[bk];
+      P o;
+#pragma unroll
+      for (int l = 0; l < 4; ++l)
+        o.v[l] = philox::to_unit_f32(r.w[l]) >= p ? cast<T>(cast<A>(in.v[l]) * s) : cast<T>(A(0));
+      reinterpret_cast<P*>(out)[bk] = o;
+      continue;
+    }
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
       const int64_t i = bk * 4 + l;
-      if (i < n) {
-        const bool keep = philox::to_unit_f32(r.w[l]) >= p;
-        out[i] = keep ? cast<T>(cast<A>(x[i]) * static_cast<A>(scale)) : cast<T>(A(0));
-      }
+      if (i < n) out[i] = philox::to_unit_f32(r.w[l]) >= p ? cast<T>(cast<A>(x[i]) * s) : cast<T>(A(0));
     }
   }
 }
@@ -622,9 +631,15 @@ void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_
     using T = typename decltype(tag)::type;
     const int64_t nblk = (n + 3) / 4;
     const auto grid = static_cast<unsigned>(
-        std::max<int64_t>(1, std::min<int64_t>((nblk + 255) / 256, int64_t{sm_count(device)} * 8)));
-    dropout_kernel<T><<<grid, 256, 0, stream>>>(static_cast<const T*>(x.data_ptr()), static_cast<T*>(out.data_ptr()), n,
-                                                static_cast<float>(p), scale, seed, offset);
+        std::max<int64_t>(1, std::min<int64_t>((nblk + 255) / 256, int64_t{sm_count(device)} * 16)));
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* op = static_cast<T*>(out.data_ptr());
+    const bool vec = reinterpret_cast<uintptr_t>(xp) % sizeof(NPack<T, 4>) == 0 &&
+                     reinterpret_cast<uintptr_t>(op) % sizeof(NPack<T, 4>) == 0;
+    if (vec)
+      dropout_kernel<T, true><<<grid, 256, 0, stream>>>(xp, op, n, static_cast<float>(p), scale, seed, offset);
+    else
+      dropout_kernel<T, false><<<grid, 256, 0, stream>>>(xp, op, n, static_cast<float>(p), scale, seed, offset);
     TG_CUDA_CHECK_LAUNCH();
   });
 }
