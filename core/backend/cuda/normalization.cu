@@ -435,11 +435,12 @@ NormPlan plan(int64_t rows, int64_t cols, int V, bool aligned, int device) {
     p.grid = std::min<int64_t>((rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock, int64_t{sms} * 16);
   } else {
     p.warp = false;
-    const int want_k = p.vec >= 8 ? 1 : 2;
-    p.threads = 128;
-    while (p.threads < 1024 && nvec > int64_t{p.threads} * want_k) p.threads *= 2;
+    // Whole warps, every thread with want_k vectors where the row allows ([32768, 768] float32:
+    // 96 threads of 2 vectors rather than 128 threads of 1 or 2).
+    const int64_t want_k = p.vec >= 8 ? 1 : 2;
+    p.threads = static_cast<int>(std::clamp<int64_t>((nvec + want_k * 32 - 1) / (want_k * 32) * 32, 64, 1024));
     p.k = pick_k(nvec, p.threads);  // 0: longer than the registers hold (the *_long kernels)
-    p.grid = std::min<int64_t>(rows, int64_t{sms} * (2048 / p.threads));
+    p.grid = std::min<int64_t>(rows, int64_t{sms} * std::max(1, 2048 / p.threads));
   }
   p.grid = std::max<int64_t>(p.grid, 1);
   return p;
