@@ -567,6 +567,8 @@ void lower(OnnxGraph& g, const Program& p, const Node& n, const std::vector<std:
       const auto ns = exporting::attr_ints(n, "normalized_shape");
       const int64_t nd = static_cast<int64_t>(ns.size());
       if (nd == 0 || nd > in_rank) unsupported("layer_norm with normalized_shape of rank " + std::to_string(nd));
+      for (int64_t d = 0; d < nd; ++d)
+        if (iv(0).shape[in_rank - nd + d] != ns[d]) unsupported("layer_norm's normalized_shape does not end the input's");
       std::vector<std::string> ins{in_as(0, odt)};
       ins.push_back(n.inputs.size() > 1 ? in_as(1, odt) : g.initializer(full(Shape(ns), 1, odt)));
       if (n.inputs.size() > 2) ins.push_back(in_as(2, odt));
@@ -579,6 +581,8 @@ void lower(OnnxGraph& g, const Program& p, const Node& n, const std::vector<std:
       const auto ns = exporting::attr_ints(n, "normalized_shape");
       const int64_t nd = static_cast<int64_t>(ns.size());
       if (nd == 0 || nd > in_rank) unsupported("rms_norm with normalized_shape of rank " + std::to_string(nd));
+      for (int64_t d = 0; d < nd; ++d)
+        if (iv(0).shape[in_rank - nd + d] != ns[d]) unsupported("rms_norm's normalized_shape does not end the input's");
       std::vector<int64_t> axes;
       for (int64_t d = in_rank - nd; d < in_rank; ++d) axes.push_back(d);
       std::string x = in_as(0, odt);

@@ -42,6 +42,15 @@ Tensor norm_op(const char* op, const Tensor& x, const Shape& ns, const Tensor& w
                                      n.needs_input_grad(0), n.needs_input_grad(1), n.needs_input_grad(2));
       });
 }
+// layer_norm's traced operands: x[, weight[, bias]], trailing ones only; a bias without a weight
+// traces a weight of ones. (Evaluated by TG_TRACE only while tracing.)
+std::vector<Tensor> traced_operands(const Tensor& x, const Shape& ns, const Tensor& weight, const Tensor& bias) {
+  std::vector<Tensor> ins{x};
+  if (weight.defined() || bias.defined())
+    ins.push_back(weight.defined() ? weight : native::full(ns, 1, x.dtype(), x.device()));
+  if (bias.defined()) ins.push_back(bias);
+  return ins;
+}
 }  // namespace
 
 namespace functional {
@@ -50,14 +59,8 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                   double eps) {
   TG_AUTOCAST(LayerNorm, layer_norm(x, normalized_shape, weight, bias, eps), x, weight, bias);
   Tensor out = norm_op("layer_norm", x, normalized_shape, weight, bias, eps, false);
-  if (::tg::detail::tls_tracer) {
-    // The trace names trailing operands only: a bias without a weight traces a weight of ones.
-    std::vector<Tensor> ins{x};
-    if (weight.defined() || bias.defined())
-      ins.push_back(weight.defined() ? weight : native::full(normalized_shape, 1, x.dtype(), x.device()));
-    if (bias.defined()) ins.push_back(bias);
-    TG_TRACE(LayerNorm, out, ins, {{"normalized_shape", std::vector<int64_t>(normalized_shape)}, {"eps", eps}});
-  }
+  TG_TRACE(LayerNorm, out, traced_operands(x, normalized_shape, weight, bias),
+           {{"normalized_shape", std::vector<int64_t>(normalized_shape)}, {"eps", eps}});
   return out;
 }
 

@@ -101,6 +101,10 @@ TEST_P(Norm, ShapesAroundKernelBoundaries) {
     check_norm(GetParam(), kFloat32, 3, n, false, 5e-5);
     check_norm(GetParam(), kFloat32, 3, n, true, 5e-5);
   }
+  // Longer than the CUDA kernels keep in registers (8192 vectors): the re-reading kernels.
+  check_norm(GetParam(), kFloat32, 3, 40000, false, 1e-4);
+  check_norm(GetParam(), kFloat32, 3, 9001, true, 1e-4);
+  check_norm(GetParam(), kBFloat16, 2, 70000, false, 6e-2);
   check_norm(GetParam(), kFloat32, 1500, 40, false, 5e-5);
   check_norm(GetParam(), kBFloat16, 700, 256, false, 6e-2);
 }
@@ -211,6 +215,9 @@ TEST_P(Emb, ForwardBackwardMatchReference) {
   check_embedding(GetParam(), kBFloat16, 9, 130, {40}, std::nullopt, 1e-1);
   check_embedding(GetParam(), kFloat32, 4, 3, {}, std::nullopt, 1e-6);  // 0-d index
   check_embedding(GetParam(), kFloat32, 70, 20, {5, 50}, 3, 1e-5, kInt32);
+  // Few distinct indices: runs of ~1000 positions across many of CUDA's 32-position blocks.
+  check_embedding(GetParam(), kFloat32, 2, 40, {3000}, 1, 1e-4);
+  check_embedding(GetParam(), kFloat32, 3, 130, {3001}, std::nullopt, 1e-4);
   check_embedding(GetParam(), kFloat16, 70, 24, {500}, std::nullopt, 5e-2, kInt32);
 }
 

@@ -9,6 +9,8 @@
 // the rows it visits, so it keeps the weight / bias gradient of its columns in registers over all
 // its rows; a block combines its groups in shared memory (in a fixed order), writes one partial
 // row, and a small kernel sums the partials per column in a fixed order: bit-reproducible.
+// Rows longer than 8192 vectors re-read the row per pass, and their weight / bias gradients come
+// from a column-parallel kernel over row chunks (reading x and dy once more).
 // Dropout: one thread per Philox block (4 elements), the mask recomputed, never stored.
 #include <algorithm>
 #include <type_traits>
@@ -258,10 +260,154 @@ __global__ void column_sum_kernel(const nacc_t<T>* __restrict__ part, int64_t pa
   }
 }
 
+// Rows longer than the registers hold (more than 8192 vectors): a block per row re-reads the
+// row from memory (L2) for each pass instead of keeping it in registers.
+template <class T, int V>
+__global__ void norm_fwd_long_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                     T* __restrict__ y, nacc_t<T>* __restrict__ mean_out,
+                                     nacc_t<T>* __restrict__ rstd_out, int64_t rows, int64_t cols, nacc_t<T> eps,
+                                     bool rms) {
+  using A = nacc_t<T>;
+  using P = NPack<T, V>;
+  __shared__ A red[32];
+  const int64_t nvec = cols / V;
+  const A inv_n = A(1) / static_cast<A>(cols);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const P* xr = reinterpret_cast<const P*>(x + row * cols);
+    A s = 0;
+    for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+      const P p = xr[v];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const A xv = cast<A>(p.v[e]);
+        s += rms ? xv * xv : xv;
+      }
+    }
+    s = group_sum<false>(s, red);
+    A mean = 0, var;
+    if (rms) {
+      var = s * inv_n;
+    } else {
+      mean = s * inv_n;
+      A ss = 0;
+      for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+        const P p = xr[v];
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const A d = cast<A>(p.v[e]) - mean;
+          ss += d * d;
+        }
+      }
+      var = group_sum<false>(ss, red) * inv_n;
+    }
+    const A rstd = A(1) / sqrt(var + eps);
+    if (threadIdx.x == 0) {
+      if (mean_out) mean_out[row] = mean;
+      rstd_out[row] = rstd;
+    }
+    P* yr = reinterpret_cast<P*>(y + row * cols);
+    for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+      const P p = xr[v];
+      P wv, bv, o;
+      if (w) wv = reinterpret_cast<const P*>(w)[v];
+      if (b) bv = reinterpret_cast<const P*>(b)[v];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        A r = (cast<A>(p.v[e]) - mean) * rstd;
+        if (w) r *= cast<A>(wv.v[e]);
+        if (b) r += cast<A>(bv.v[e]);
+        o.v[e] = cast<T>(r);
+      }
+      yr[v] = o;
+    }
+  }
+}
+
+// dx of long rows (two passes over the row); the weight / bias gradients come from
+// norm_wb_long_kernel.
+template <class T, int V>
+__global__ void norm_bwd_long_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+                                     const nacc_t<T>* __restrict__ mean, const nacc_t<T>* __restrict__ rstd,
+                                     T* __restrict__ dx, int64_t rows, int64_t cols, bool rms) {
+  using A = nacc_t<T>;
+  using P = NPack<T, V>;
+  __shared__ A red[32];
+  const int64_t nvec = cols / V;
+  const A inv_n = A(1) / static_cast<A>(cols);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const P* xr = reinterpret_cast<const P*>(x + row * cols);
+    const P* gr = reinterpret_cast<const P*>(g + row * cols);
+    const A m = rms ? A(0) : mean[row], rs = rstd[row];
+    A s1 = 0, s2 = 0;
+    for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+      const P xp = xr[v], gp = gr[v];
+      P wv;
+      if (w) wv = reinterpret_cast<const P*>(w)[v];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const A gv = cast<A>(gp.v[e]);
+        const A gy = w ? gv * cast<A>(wv.v[e]) : gv;
+        s1 += gy;
+        s2 += gy * (cast<A>(xp.v[e]) - m) * rs;
+      }
+    }
+    s1 = rms ? A(0) : group_sum<false>(s1, red) * inv_n;
+    s2 = group_sum<false>(s2, red) * inv_n;
+    P* dr = reinterpret_cast<P*>(dx + row * cols);
+    for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+      const P xp = xr[v], gp = gr[v];
+      P wv, o;
+      if (w) wv = reinterpret_cast<const P*>(w)[v];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const A gv = cast<A>(gp.v[e]);
+        const A gy = w ? gv * cast<A>(wv.v[e]) : gv;
+        o.v[e] = cast<T>(rs * (gy - s1 - (cast<A>(xp.v[e]) - m) * rs * s2));
+      }
+      dr[v] = o;
+    }
+  }
+}
+
+// Partial weight / bias gradients of long rows: block (32, 8) over 32 columns and the rows of
+// chunk blockIdx.y; pw / pb [gridDim.y, cols], summed by column_sum_kernel.
+template <class T>
+__global__ void norm_wb_long_kernel(const T* __restrict__ g, const T* __restrict__ x,
+                                    const nacc_t<T>* __restrict__ mean, const nacc_t<T>* __restrict__ rstd,
+                                    nacc_t<T>* __restrict__ pw, nacc_t<T>* __restrict__ pb, int64_t rows, int64_t cols,
+                                    int64_t rows_per_chunk) {
+  using A = nacc_t<T>;
+  __shared__ A sw[8][33], sb[8][33];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  A aw = 0, ab = 0;
+  if (c < cols) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+      const A gv = cast<A>(g[r * cols + c]);
+      const A m = mean ? mean[r] : A(0);
+      aw += gv * (cast<A>(x[r * cols + c]) - m) * rstd[r];
+      ab += gv;
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = aw;
+  sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    A tw = 0, tb = 0;
+    for (int i = 0; i < 8; ++i) {
+      tw += sw[i][threadIdx.x];
+      tb += sb[i][threadIdx.x];
+    }
+    if (pw) pw[static_cast<int64_t>(blockIdx.y) * cols + c] = tw;
+    if (pb) pb[static_cast<int64_t>(blockIdx.y) * cols + c] = tb;
+  }
+}
+
 struct NormPlan {
   bool warp;     // a warp per row, else a block per row
   int threads;   // block size
-  int k;         // vectors per thread (1, 2, 4 or 8)
+  int k;         // vectors per thread (1, 2, 4 or 8); 0: a long row, read from memory per pass
   int vec;       // V or 1
   int64_t grid;  // blocks
 };
@@ -273,7 +419,7 @@ int pick_k(int64_t nvec, int per_group) {
   return 0;
 }
 
-NormPlan plan(int64_t rows, int64_t cols, int V, bool aligned, int device, const char* op) {
+NormPlan plan(int64_t rows, int64_t cols, int V, bool aligned, int device) {
   NormPlan p;
   p.vec = aligned && cols % V == 0 ? V : 1;
   const int64_t nvec = cols / p.vec;
@@ -289,13 +435,12 @@ NormPlan plan(int64_t rows, int64_t cols, int V, bool aligned, int device, const
     p.grid = std::min<int64_t>((rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock, int64_t{sms} * 16);
   } else {
     p.warp = false;
-    const int want_k = p.vec >= 8 ? 1 : 2;
-    p.threads = 128;
-    while (p.threads < 1024 && nvec > int64_t{p.threads} * want_k) p.threads *= 2;
-    p.k = pick_k(nvec, p.threads);
-    TG_CHECK(p.k > 0, op, ": rows of ", cols, " elements are too long for the CUDA kernel (at most ",
-             int64_t{1024} * kMaxK * p.vec, " for this dtype and alignment)");
-    p.grid = std::min<int64_t>(rows, int64_t{sms} * (2048 / p.threads));
+    // Whole warps, every thread with want_k vectors where the row allows ([32768, 768] float32:
+    // 96 threads of 2 vectors rather than 128 threads of 1 or 2).
+    const int64_t want_k = p.vec >= 8 ? 1 : 2;
+    p.threads = static_cast<int>(std::clamp<int64_t>((nvec + want_k * 32 - 1) / (want_k * 32) * 32, 64, 1024));
+    p.k = pick_k(nvec, p.threads);  // 0: longer than the registers hold (the *_long kernels)
+    p.grid = std::min<int64_t>(rows, int64_t{sms} * std::max(1, 2048 / p.threads));
   }
   p.grid = std::max<int64_t>(p.grid, 1);
   return p;
@@ -343,9 +488,20 @@ void norm_forward(const backend::NormArgs& a) {
     const T* b = a.bias.defined() ? static_cast<const T*>(a.bias.data_ptr()) : nullptr;
     T* y = static_cast<T*>(a.y.data_ptr());
     const bool aligned = aligned16(x) && aligned16(y) && (!w || aligned16(w)) && (!b || aligned16(b));
-    const NormPlan p = plan(a.rows, a.cols, V, aligned, device, op);
+    const NormPlan p = plan(a.rows, a.cols, V, aligned, device);
     A* mean = a.mean.defined() ? static_cast<A*>(a.mean.data_ptr()) : nullptr;
     A* rstd = static_cast<A*>(a.rstd.data_ptr());
+    if (p.k == 0) {
+      const auto grid = static_cast<unsigned>(p.grid);
+      if (p.vec == V)
+        norm_fwd_long_kernel<T, V>
+            <<<grid, p.threads, 0, stream>>>(x, w, b, y, mean, rstd, a.rows, a.cols, static_cast<A>(a.eps), a.rms);
+      else
+        norm_fwd_long_kernel<T, 1>
+            <<<grid, p.threads, 0, stream>>>(x, w, b, y, mean, rstd, a.rows, a.cols, static_cast<A>(a.eps), a.rms);
+      TG_CUDA_CHECK_LAUNCH();
+      return;
+    }
     with_vk<T, V>(p, [&](auto vt, auto kt) {
       constexpr int VV = decltype(vt)::value, KK = decltype(kt)::value;
       const auto grid = static_cast<unsigned>(p.grid);
@@ -373,13 +529,16 @@ void norm_backward(const backend::NormBackwardArgs& a) {
     const T* w = a.weight.defined() ? static_cast<const T*>(a.weight.data_ptr()) : nullptr;
     T* dx = a.grad_x.defined() ? static_cast<T*>(a.grad_x.data_ptr()) : nullptr;
     const bool aligned = aligned16(g) && aligned16(x) && (!w || aligned16(w)) && (!dx || aligned16(dx));
-    const NormPlan p = plan(a.rows, a.cols, V, aligned, device, op);
+    const NormPlan p = plan(a.rows, a.cols, V, aligned, device);
     const A* mean = a.mean.defined() ? static_cast<const A*>(a.mean.data_ptr()) : nullptr;
     const A* rstd = static_cast<const A*>(a.rstd.data_ptr());
     const bool want_w = a.grad_weight.defined(), want_b = a.grad_bias.defined();
+    // Partial rows of the weight / bias gradients: one per block, or per row chunk for long rows.
+    const int64_t chunk_rows = (a.rows + 63) / 64;
+    const int64_t parts = p.k == 0 ? (a.rows + chunk_rows - 1) / chunk_rows : p.grid;
     DataPtr ws;
     A *pw = nullptr, *pb = nullptr;
-    const size_t part = static_cast<size_t>(p.grid) * static_cast<size_t>(a.cols);
+    const size_t part = static_cast<size_t>(parts) * static_cast<size_t>(a.cols);
     if (want_w || want_b) {
       ws = detail::device_allocate(part * sizeof(A) * ((want_w ? 1 : 0) + (want_b ? 1 : 0)), device);
       A* base = static_cast<A*>(ws.get());
@@ -387,31 +546,47 @@ void norm_backward(const backend::NormBackwardArgs& a) {
       if (want_b) pb = base + (want_w ? part : 0);
     }
     const size_t smem = p.warp && (want_w || want_b) ? 2 * static_cast<size_t>(a.cols) * sizeof(A) : 0;
-    with_vk<T, V>(p, [&](auto vt, auto kt) {
-      constexpr int VV = decltype(vt)::value, KK = decltype(kt)::value;
-      const auto grid = static_cast<unsigned>(p.grid);
-      if (p.warp) {
-        auto kern = norm_bwd_kernel<T, VV, KK, true>;
-        if (smem > 48 * 1024)
-          TG_CUDA_CHECK(
-              cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        kern<<<grid, p.threads, smem, stream>>>(g, x, w, mean, rstd, dx, pw, pb, a.rows, static_cast<int>(a.cols),
-                                                a.rms);
-      } else {
-        norm_bwd_kernel<T, VV, KK, false>
-            <<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, pw, pb, a.rows, static_cast<int>(a.cols), a.rms);
+    if (p.k == 0) {
+      if (dx) {
+        const auto grid = static_cast<unsigned>(p.grid);
+        if (p.vec == V)
+          norm_bwd_long_kernel<T, V><<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, a.rows, a.cols, a.rms);
+        else
+          norm_bwd_long_kernel<T, 1><<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, a.rows, a.cols, a.rms);
+        TG_CUDA_CHECK_LAUNCH();
       }
-      TG_CUDA_CHECK_LAUNCH();
-    });
+      if (want_w || want_b) {
+        const dim3 grid(static_cast<unsigned>((a.cols + 31) / 32), static_cast<unsigned>(parts)), block(32, 8);
+        norm_wb_long_kernel<T><<<grid, block, 0, stream>>>(g, x, mean, rstd, pw, pb, a.rows, a.cols, chunk_rows);
+        TG_CUDA_CHECK_LAUNCH();
+      }
+    } else {
+      with_vk<T, V>(p, [&](auto vt, auto kt) {
+        constexpr int VV = decltype(vt)::value, KK = decltype(kt)::value;
+        const auto grid = static_cast<unsigned>(p.grid);
+        if (p.warp) {
+          auto kern = norm_bwd_kernel<T, VV, KK, true>;
+          if (smem > 48 * 1024)
+            TG_CUDA_CHECK(
+                cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+          kern<<<grid, p.threads, smem, stream>>>(g, x, w, mean, rstd, dx, pw, pb, a.rows, static_cast<int>(a.cols),
+                                                  a.rms);
+        } else {
+          norm_bwd_kernel<T, VV, KK, false><<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, pw, pb, a.rows,
+                                                                            static_cast<int>(a.cols), a.rms);
+        }
+        TG_CUDA_CHECK_LAUNCH();
+      });
+    }
     const dim3 rblock(32, 32), rgrid(static_cast<unsigned>((a.cols + 31) / 32));
     if (want_w) {
-      column_sum_kernel<T><<<rgrid, rblock, 0, stream>>>(pw, p.grid, static_cast<int>(a.cols),
+      column_sum_kernel<T><<<rgrid, rblock, 0, stream>>>(pw, parts, static_cast<int>(a.cols),
                                                          static_cast<T*>(a.grad_weight.data_ptr()));
       TG_CUDA_CHECK_LAUNCH();
     }
     if (want_b) {
       column_sum_kernel<T>
-          <<<rgrid, rblock, 0, stream>>>(pb, p.grid, static_cast<int>(a.cols), static_cast<T*>(a.grad_bias.data_ptr()));
+          <<<rgrid, rblock, 0, stream>>>(pb, parts, static_cast<int>(a.cols), static_cast<T*>(a.grad_bias.data_ptr()));
       TG_CUDA_CHECK_LAUNCH();
     }
   });
@@ -419,22 +594,31 @@ void norm_backward(const backend::NormBackwardArgs& a) {
 
 namespace {
 // Element i keeps when the float32 uniform of counter offset + i is >= p (core/philox.h's
-// mapping); one thread per block of 4 counters (offset is a multiple of 4).
-template <class T>
+// mapping); one thread per block of 4 counters (offset is a multiple of 4), its 4 elements moved
+// as one vector when VEC (x and out aligned to 4 elements).
+template <class T, bool VEC>
 __global__ void dropout_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t n, float p, double scale,
                                uint64_t seed, uint64_t offset) {
   using A = opmath_t<T>;
+  using P = NPack<T, 4>;
+  const A s = static_cast<A>(scale);
   const int64_t nblk = (n + 3) / 4;
   for (int64_t bk = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; bk < nblk;
        bk += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const philox::Block r = philox::generate(seed, (offset >> 2) + static_cast<uint64_t>(bk));
+    if (VEC && bk * 4 + 4 <= n) {
+      const P in = reinterpret_cast<const P*>(x)[bk];
+      P o;
+#pragma unroll
+      for (int l = 0; l < 4; ++l)
+        o.v[l] = philox::to_unit_f32(r.w[l]) >= p ? cast<T>(cast<A>(in.v[l]) * s) : cast<T>(A(0));
+      reinterpret_cast<P*>(out)[bk] = o;
+      continue;
+    }
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
       const int64_t i = bk * 4 + l;
-      if (i < n) {
-        const bool keep = philox::to_unit_f32(r.w[l]) >= p;
-        out[i] = keep ? cast<T>(cast<A>(x[i]) * static_cast<A>(scale)) : cast<T>(A(0));
-      }
+      if (i < n) out[i] = philox::to_unit_f32(r.w[l]) >= p ? cast<T>(cast<A>(x[i]) * s) : cast<T>(A(0));
     }
   }
 }
@@ -448,9 +632,15 @@ void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_
     using T = typename decltype(tag)::type;
     const int64_t nblk = (n + 3) / 4;
     const auto grid = static_cast<unsigned>(
-        std::max<int64_t>(1, std::min<int64_t>((nblk + 255) / 256, int64_t{sm_count(device)} * 8)));
-    dropout_kernel<T><<<grid, 256, 0, stream>>>(static_cast<const T*>(x.data_ptr()), static_cast<T*>(out.data_ptr()), n,
-                                                static_cast<float>(p), scale, seed, offset);
+        std::max<int64_t>(1, std::min<int64_t>((nblk + 255) / 256, int64_t{sm_count(device)} * 16)));
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* op = static_cast<T*>(out.data_ptr());
+    const bool vec = reinterpret_cast<uintptr_t>(xp) % sizeof(NPack<T, 4>) == 0 &&
+                     reinterpret_cast<uintptr_t>(op) % sizeof(NPack<T, 4>) == 0;
+    if (vec)
+      dropout_kernel<T, true><<<grid, 256, 0, stream>>>(xp, op, n, static_cast<float>(p), scale, seed, offset);
+    else
+      dropout_kernel<T, false><<<grid, 256, 0, stream>>>(xp, op, n, static_cast<float>(p), scale, seed, offset);
     TG_CUDA_CHECK_LAUNCH();
   });
 }
