@@ -138,4 +138,20 @@ Tensor arange(double start, double end, double step, DType dtype, Device device)
 // Reserves `count` Philox counters of the device's generator; returns (seed, offset).
 std::pair<uint64_t, uint64_t> philox_reserve(Device device, uint64_t count);
 
+// ---- issue 15: general ops (core/native/general.cpp): validated here, errors naming the op
+Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);
+// The keep-mask of tril (upper = false) or triu for a's last two dims: bool [rows, cols].
+Tensor tri_mask(const Tensor& a, int64_t diagonal, bool upper);
+Tensor one_hot(const Tensor& index, int64_t num_classes);  // num_classes resolved (>= 0)
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim);
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
+// A copy of a with src scattered (accumulate: added) at index along dim; `op` names errors.
+Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate, const char* op);
+Tensor scatter_value(const Tensor& a, int64_t dim, const Tensor& index, Scalar value);
+Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& source, Scalar alpha);
+Tensor cumsum(const Tensor& a, int64_t dim);
+// (values, int64 indices), stable; topk: the first k of the sort (largest: descending).
+std::pair<Tensor, Tensor> sort(const Tensor& a, int64_t dim, bool descending);
+std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim, bool largest);
+
 }  // namespace tg::native

@@ -47,6 +47,12 @@ void mse_loss(const Tensor& out, const Tensor& input, const Tensor& target, back
 void mse_loss_backward(const Tensor& grad_input, const Tensor& grad_target, const Tensor& grad, const Tensor& input,
                        const Tensor& target, backend::LossReduction r);
 
+// ---- issue 15: general ops (general.cpp)
+void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index);
+void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate);
+void cumsum(const Tensor& out, const Tensor& in);
+void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool descending);
+
 // Name of an elementwise op for error messages.
 const char* op_name(backend::ElemOp op);
 

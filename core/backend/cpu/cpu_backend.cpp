@@ -66,6 +66,17 @@ class CpuBackend final : public backend::Backend {
                          const Tensor& target, backend::LossReduction r) override {
     cpu::mse_loss_backward(grad_input, grad_target, grad, input, target, r);
   }
+  // ---- issue 15: general ops
+  void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index) override {
+    cpu::gather(out, in, dim, index);
+  }
+  void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate) override {
+    cpu::scatter(out, dim, index, src, accumulate);
+  }
+  void cumsum(const Tensor& out, const Tensor& in) override { cpu::cumsum(out, in); }
+  void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool descending) override {
+    cpu::sort(values, indices, in, descending);
+  }
 };
 
 }  // namespace

@@ -22,4 +22,10 @@ void mse_loss_backward(const Tensor& grad_input, const Tensor& grad_target, cons
                        const Tensor& target, backend::LossReduction r);
 void linear_grad_weight_bias(const Tensor& gw, const Tensor& gb, const Tensor& g, const Tensor& x);  // linear_grad.cu
 
+// ---- issue 15: general ops
+void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index);  // scatter_gather.cu
+void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate);
+void cumsum(const Tensor& out, const Tensor& in);  // scan_sort.cu
+void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool descending);
+
 }  // namespace tg::cuda::kern
