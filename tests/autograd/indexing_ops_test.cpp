@@ -358,3 +358,63 @@ INSTANTIATE_TEST_SUITE_P(Devices, IndexingOps, ::testing::Values(Dev::CPU, Dev::
 
 }  // namespace
 }  // namespace tg::testing
+
+namespace tg::testing {
+namespace {
+
+// CUDA against the CPU in float64 on larger, strided inputs (grid-stride loops, 3-d geometry,
+// many rows, long rows): skipped without a GPU.
+TEST(IndexingOpsCuda, MatchesCpuOnLargeInputs) {
+  if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  tg::manual_seed(99);
+  auto both = [](const Tensor& cpu) { return std::make_pair(cpu, cpu.to(Device(kCUDA))); };
+  {  // gather / scatter_add over a permuted [33, 64, 17] input
+    auto [x, xc] = both(tg::randn({64, 17, 33}, kFloat64).permute({2, 0, 1}));
+    Tensor idx = (tg::rand({33, 50, 17}, kFloat64) * 64).to(kInt64);
+    auto [i, ic] = both(idx);
+    expect_near_vec(host(tg::gather(xc, 1, ic)), host(tg::gather(x, 1, i)), 0, 0, "gather 3-d");
+    auto [s, sc] = both(tg::randn({33, 50, 17}, kFloat64));
+    expect_near_vec(host(tg::scatter_add(xc, 1, ic, sc)), host(tg::scatter_add(x, 1, i, s)), 1e-12, 1e-12,
+                    "scatter_add 3-d");
+    for (DType dt : {kFloat32, kFloat16, kBFloat16}) {
+      Tensor want = tg::scatter_add(x, 1, i, s);  // float64 reference; narrow atomics add in any order
+      Tensor got = tg::scatter_add(xc.to(dt), 1, ic, sc.to(dt));
+      const double tol = dt == kFloat32 ? 1e-4 : dt == kFloat16 ? 3e-2 : 2.5e-1;
+      expect_near_vec(host(got), host(want), tol, tol, std::string("scatter_add ") + dtype_name(dt));
+    }
+  }
+  {  // cumsum: many rows (block scan) and one long row (device scan), float32 and float16 in float
+    auto [x, xc] = both(tg::rand({300, 1000}, kFloat64));
+    for (DType dt : {kFloat64, kFloat32, kFloat16, kBFloat16}) {
+      Tensor in = xc.to(dt);
+      std::vector<double> want = host(tg::cumsum(in.to(Device(kCPU), kFloat64), 1));
+      const double tol = dt == kFloat64 ? 1e-9 : dt == kFloat32 ? 1e-3 : 2;  // half: the stored sums round
+      expect_near_vec(host(tg::cumsum(in, 1)), want, tol, dt == kFloat16 || dt == kBFloat16 ? 1e-2 : 1e-6,
+                      std::string("cumsum rows ") + dtype_name(dt));
+    }
+    auto [l, lc] = both(tg::rand({1 << 20}, kFloat64) - 0.5);
+    expect_near_vec(host(tg::cumsum(lc, 0)), host(tg::cumsum(l, 0)), 1e-9, 1e-9, "cumsum long f64");
+    expect_near_vec(host(tg::cumsum(lc.to(kFloat32), 0)), host(tg::cumsum(l, 0)), 2e-2, 1e-4, "cumsum long f32");
+    auto [n, nc] = both((tg::rand({7, 3000}, kFloat64) * 10).to(kInt32));
+    expect_near_vec(host(tg::cumsum(nc, 1)), host(tg::cumsum(n, 1)), 0, 0, "cumsum int32");
+  }
+  {  // sort / topk: stable, with ties, float16 / bfloat16 keys, a 50304-wide row
+    auto [x, xc] = both((tg::rand({50, 4096}, kFloat64) * 300).to(kInt64).to(kFloat64));
+    for (DType dt : {kFloat64, kFloat32, kFloat16, kBFloat16, kInt64, kInt32}) {
+      for (bool desc : {false, true}) {
+        auto [v, i] = tg::sort(x.to(dt), 1, desc);
+        auto [vc, ic] = tg::sort(xc.to(dt), 1, desc);
+        expect_near_vec(host(vc), host(v), 0, 0, std::string("sort values ") + dtype_name(dt));
+        expect_near_vec(host(ic), host(i), 0, 0, std::string("sort indices ") + dtype_name(dt));
+      }
+    }
+    auto [w, wc] = both(tg::randn({8, 50304}, kFloat64));
+    auto [tv, ti] = tg::topk(w.to(kBFloat16), 50);
+    auto [tvc, tic] = tg::topk(wc.to(kBFloat16), 50);
+    expect_near_vec(host(tvc), host(tv), 0, 0, "topk bf16 values");
+    expect_near_vec(host(tic), host(ti), 0, 0, "topk bf16 indices");
+  }
+}
+
+}  // namespace
+}  // namespace tg::testing
