@@ -5,8 +5,8 @@
 #include <string_view>
 #include <vector>
 
-#include <tapegrad/core/autocast_hook.h>
 #include <tapegrad/autograd/function.h>
+#include <tapegrad/core/autocast_hook.h>
 #include <tapegrad/core/trace.h>
 
 namespace tg {
@@ -25,8 +25,8 @@ void check_floating(const char* op, const Tensor& a) {
 }
 
 // y = op(x) with the gradient g -> bwd(g, saved) where saved is x (or y when save_output).
-Tensor unary_act(const char* name, ElemOp op, ElemOp bwd, const Tensor& a, Tensor out, bool save_output,
-                 double p0 = 0, double p1 = 0) {
+Tensor unary_act(const char* name, ElemOp op, ElemOp bwd, const Tensor& a, Tensor out, bool save_output, double p0 = 0,
+                 double p1 = 0) {
   if (!should_record(a)) return out;
   SavedTensor s(save_output ? out : a, name);
   return record(name, {a}, std::move(out), [s, bwd, p0, p1](const Tensor& g, const FunctionNode&) -> Grads {
@@ -89,8 +89,7 @@ Tensor softplus(const Tensor& a, Scalar beta, Scalar threshold) {
   const double b = beta.to_double(), t = threshold.to_double();
   TG_CHECK(b != 0, "softplus: beta must be non-zero");
   Tensor out = native::unary(ElemOp::Softplus, a, b, t);
-  TG_TRACE(Softplus, out, {a},
-           {{"beta", detail::trace_scalar(beta)}, {"threshold", detail::trace_scalar(threshold)}});
+  TG_TRACE(Softplus, out, {a}, {{"beta", detail::trace_scalar(beta)}, {"threshold", detail::trace_scalar(threshold)}});
   return unary_act("softplus", ElemOp::Softplus, ElemOp::SoftplusBackward, a, std::move(out), false, b, t);
 }
 

@@ -5,8 +5,8 @@
 #include <tuple>
 #include <vector>
 
-#include <tapegrad/core/autocast_hook.h>
 #include <tapegrad/autograd/function.h>
+#include <tapegrad/core/autocast_hook.h>
 #include <tapegrad/core/trace.h>
 
 namespace tg {
@@ -48,9 +48,8 @@ Tensor tri(OpKind kind, const char* name, bool upper, const Tensor& a, int64_t d
   if (detail::Tracer* tracer = detail::tls_tracer) [[unlikely]]
     tracer->record(kind, out, {a}, {{"diagonal", diagonal}});
   if (!should_record(a)) return out;
-  return record(name, {a}, std::move(out), [keep](const Tensor& g, const FunctionNode&) -> Grads {
-    return {native::where(keep, g, zero_of(g))};
-  });
+  return record(name, {a}, std::move(out),
+                [keep](const Tensor& g, const FunctionNode&) -> Grads { return {native::where(keep, g, zero_of(g))}; });
 }
 }  // namespace
 Tensor tril(const Tensor& a, int64_t diagonal) { return tri(OpKind::Tril, "tril", false, a, diagonal); }

@@ -18,7 +18,9 @@ void Backend::scatter(const Tensor& out, int64_t, const Tensor&, const Tensor&, 
   TG_ERROR("scatter: no kernel on ", out.device());
 }
 void Backend::cumsum(const Tensor&, const Tensor& in) { TG_ERROR("cumsum: no kernel on ", in.device()); }
-void Backend::sort(const Tensor&, const Tensor&, const Tensor& in, bool) { TG_ERROR("sort: no kernel on ", in.device()); }
+void Backend::sort(const Tensor&, const Tensor&, const Tensor& in, bool) {
+  TG_ERROR("sort: no kernel on ", in.device());
+}
 }  // namespace backend
 
 namespace native {
@@ -36,8 +38,8 @@ void check_range(const char* op, const Tensor& index, int64_t dim, int64_t n, co
   if (index.is_cuda() && cuda::detail::stream_capturing(index.device().index())) return;
   const int64_t lo = native::reduce(backend::ReduceOp::Min, index, DimList(), false).item<int64_t>();
   const int64_t hi = native::reduce(backend::ReduceOp::Max, index, DimList(), false).item<int64_t>();
-  TG_CHECK(lo >= 0 && hi < n, op, ": index out of range: values in [", lo, ", ", hi, "] for dim ", dim, " of size ",
-           n, " (input shape ", a.sizes(), ")");
+  TG_CHECK(lo >= 0 && hi < n, op, ": index out of range: values in [", lo, ", ", hi, "] for dim ", dim, " of size ", n,
+           " (input shape ", a.sizes(), ")");
 }
 
 // gather / scatter's shape rules (PyTorch's): index int64 with the input's rank, no larger than
@@ -110,7 +112,8 @@ Tensor tri_mask(const Tensor& a, int64_t diagonal, bool upper) {
 Tensor one_hot(const Tensor& index, int64_t num_classes) {
   TG_CHECK(index.dtype() == kInt64, "one_hot: index must be int64, got ", index.dtype(), " of shape ", index.sizes());
   TG_CHECK(num_classes >= -1, "one_hot: num_classes must be -1 or non-negative, got ", num_classes);
-  if (index.numel() == 0) {
+  const bool capturing = index.is_cuda() && cuda::detail::stream_capturing(index.device().index());
+  if (index.numel() == 0 || (capturing && num_classes >= 0)) {  // no host read inside CUDA graph capture
     TG_CHECK(num_classes >= 0, "one_hot: cannot infer num_classes from an empty index of shape ", index.sizes());
   } else {
     const int64_t lo = native::reduce(backend::ReduceOp::Min, index, DimList(), false).item<int64_t>();
@@ -173,19 +176,21 @@ Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor
   const Tensor a1 = as_1d(a), s1 = as_1d(source);
   bool ok = s1.dim() == a1.dim() && s1.sizes()[dim] == index.numel();
   for (int64_t d = 0; ok && d < nd; ++d) ok = d == dim || s1.sizes()[d] == a1.sizes()[d];
-  TG_CHECK(ok, "index_add: source of shape ", source.sizes(), " does not fit the input of shape ", a.sizes(),
-           " with ", index.numel(), " indices along dim ", dim);
+  TG_CHECK(ok, "index_add: source of shape ", source.sizes(), " does not fit the input of shape ", a.sizes(), " with ",
+           index.numel(), " indices along dim ", dim);
   check_range("index_add", index, dim, a1.sizes()[dim], a);
   Tensor out = native::clone(a);
   if (source.numel() == 0) return out;
   Tensor src = alpha.to_double() == 1 ? source : native::scalar_op(ElemOp::MulScalar, source, alpha);
   if (src.dtype() != a.dtype()) src = native::to(src, a.device(), a.dtype());
   if (is_floating(a.dtype())) {
-    backend::get(a.device().type()).index_add(as_1d(out), dim, native::contiguous(as_1d(index)), native::contiguous(as_1d(src)));
+    backend::get(a.device().type())
+        .index_add(as_1d(out), dim, native::contiguous(as_1d(index)), native::contiguous(as_1d(src)));
   } else {  // integers: scatter_add with the index broadcast over source's other dims
     Shape ishape(static_cast<size_t>(nd), 1);
     ishape[dim] = index.numel();
-    Tensor idx = native::expand(native::view(native::contiguous(native::to(index, index.device(), kInt64)), ishape), s1.sizes());
+    Tensor idx =
+        native::expand(native::view(native::contiguous(native::to(index, index.device(), kInt64)), ishape), s1.sizes());
     backend::get(a.device().type()).scatter(as_1d(out), dim, idx, as_1d(src), true);
   }
   return out;

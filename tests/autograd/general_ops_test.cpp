@@ -21,11 +21,16 @@ class GeneralOps : public ::testing::TestWithParam<Dev> {
 // Relative tolerance of one dtype's rounding (with float math inside).
 double tol_of(DType t) {
   switch (t) {
-    case kFloat64: return 1e-12;
-    case kFloat32: return 2e-6;
-    case kFloat16: return 2e-3;
-    case kBFloat16: return 1.6e-2;
-    default: return 0;
+    case kFloat64:
+      return 1e-12;
+    case kFloat32:
+      return 2e-6;
+    case kFloat16:
+      return 2e-3;
+    case kBFloat16:
+      return 1.6e-2;
+    default:
+      return 0;
   }
 }
 
@@ -71,7 +76,8 @@ std::vector<UnaryCase> unary_cases() {
       {"elu", [](const Tensor& x) { return tg::elu(x); }, [](double x) { return x > 0 ? x : std::expm1(x); },
        [](double x) { return x > 0 ? 1 : std::exp(x); }},
       {"elu_alpha", [](const Tensor& x) { return tg::elu(x, 1.5); },
-       [](double x) { return x > 0 ? x : 1.5 * std::expm1(x); }, [](double x) { return x > 0 ? 1 : 1.5 * std::exp(x); }},
+       [](double x) { return x > 0 ? x : 1.5 * std::expm1(x); },
+       [](double x) { return x > 0 ? 1 : 1.5 * std::exp(x); }},
   };
 }
 
@@ -142,12 +148,12 @@ TEST_P(GeneralOps, SoftplusLargeInputsStayLinear) {
 TEST_P(GeneralOps, ActivationErrorsNameTheOp) {
   TG_SKIP_WITHOUT_CUDA(GetParam());
   Tensor i = tg::tensor<int64_t>(std::vector<int64_t>{1, 2}, TensorOptions(kInt64).device(dev()));
-  for (auto& [name, fn] : std::vector<std::pair<std::string, std::function<Tensor()>>>{
-           {"silu", [&] { return tg::silu(i); }},
-           {"gelu", [&] { return tg::gelu(i, "tanh"); }},
-           {"softplus", [&] { return tg::softplus(i); }},
-           {"leaky_relu", [&] { return tg::leaky_relu(i); }},
-           {"elu", [&] { return tg::elu(i); }}}) {
+  for (auto& [name, fn] :
+       std::vector<std::pair<std::string, std::function<Tensor()>>>{{"silu", [&] { return tg::silu(i); }},
+                                                                    {"gelu", [&] { return tg::gelu(i, "tanh"); }},
+                                                                    {"softplus", [&] { return tg::softplus(i); }},
+                                                                    {"leaky_relu", [&] { return tg::leaky_relu(i); }},
+                                                                    {"elu", [&] { return tg::elu(i); }}}) {
     try {
       fn();
       ADD_FAILURE() << name << " accepted int64";

@@ -183,8 +183,11 @@ TEST_P(IndexingOps, ScatterAndScatterAdd) {
   (tg::scatter_add(a, 1, i64({3, 0, 1, 1}, {2, 2}), src) * w).sum().backward();
   expect_near_vec(host(a.grad()), host(w), 0, 0, "scatter_add grad self");
   expect_near_vec(host(src.grad()), {4, 1, 6, 6}, 0, 0, "scatter_add grad src");
-  expect_error([&] { tg::scatter_add(a, 1, i64({0}, {1, 1}), f64({1}, {1, 1}).to(kFloat32)); },
-               {"scatter_add", "float32", "float64"});
+  expect_error(
+      [&] {
+        tg::scatter_add(a, 1, i64({0}, {1, 1}), f64({1}, {1, 1}).to(kFloat32));
+      },
+      {"scatter_add", "float32", "float64"});
   expect_error([&] { tg::scatter(a, 1, i64({-1}, {1, 1}), src); }, {"scatter", "out of range", "[-1, -1]"});
 }
 
@@ -224,7 +227,11 @@ TEST_P(IndexingOps, IndexAddPublic) {
   (tg::index_add(a, 0, i64({2, 0}, {2}), src, 0.5) * w).sum().backward();
   expect_near_vec(host(a.grad()), host(w), 0, 0, "index_add grad self");
   expect_near_vec(host(src.grad()), {2.5, 3, 0.5, 1}, 0, 0, "index_add grad source");
-  expect_error([&] { tg::index_add(a, 0, i64({3}, {1}), f64({1, 1}, {1, 2})); }, {"index_add", "out of range", "size 3"});
+  expect_error(
+      [&] {
+        tg::index_add(a, 0, i64({3}, {1}), f64({1, 1}, {1, 2}));
+      },
+      {"index_add", "out of range", "size 3"});
   expect_error([&] { tg::index_add(a, 0, i64({0}, {1}), f64({1, 1, 1}, {1, 3})); }, {"index_add", "[1, 3]", "[3, 2]"});
 }
 
@@ -294,6 +301,10 @@ TEST_P(IndexingOps, SortStableBothDirectionsEveryDtype) {
     expect_near_vec(host(vt.t()), host(v), 0, 0, "sort transposed");
     expect_near_vec(host(it.t()), host(i), 0, 0, "sort transposed indices");
   }
+  Tensor b = tg::tensor<bool>({true, false, true, false}, TensorOptions(kBool).device(dev()));
+  auto [bv, bi] = tg::sort(b);
+  expect_near_vec(host(bv), {0, 0, 1, 1}, 0, 0, "sort bool");
+  expect_near_vec(host(bi), {1, 3, 0, 2}, 0, 0, "sort bool indices");
 }
 
 TEST_P(IndexingOps, SortLargeRowsAgainstStdSort) {

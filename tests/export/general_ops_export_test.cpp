@@ -12,8 +12,7 @@ namespace fs = std::filesystem;
 namespace {
 
 bool have_onnx_python() {
-  static const bool ok =
-      std::system("python3 -c 'import onnx, onnxruntime, numpy' > /dev/null 2>&1") == 0;
+  static const bool ok = std::system("python3 -c 'import onnx, onnxruntime, numpy' > /dev/null 2>&1") == 0;
   return ok;
 }
 
@@ -42,11 +41,16 @@ sys.exit(0 if worst <= 1e-5 else 3)
 
 const char* np_dtype(tg::DType t) {
   switch (t) {
-    case tg::kFloat32: return "float32";
-    case tg::kFloat64: return "float64";
-    case tg::kInt64: return "int64";
-    case tg::kBool: return "bool";
-    default: return "float32";
+    case tg::kFloat32:
+      return "float32";
+    case tg::kFloat64:
+      return "float64";
+    case tg::kInt64:
+      return "int64";
+    case tg::kBool:
+      return "bool";
+    default:
+      return "float32";
   }
 }
 
@@ -74,8 +78,9 @@ void check_with_onnxruntime(const tg::ExportedProgram& ep, const std::vector<tg:
   auto expected = ep.run(inputs);
   std::string spec = "{\"model\": \"" + model + "\", \"inputs\": [";
   for (size_t i = 0; i < inputs.size(); ++i)
-    spec += std::string(i ? ", " : "") + "[\"" + names[i] + "\", \"" + write_raw(dir, "in" + std::to_string(i), inputs[i]) +
-            "\", " + shape_json(inputs[i]) + ", \"" + np_dtype(inputs[i].dtype()) + "\"]";
+    spec += std::string(i ? ", " : "") + "[\"" + names[i] + "\", \"" +
+            write_raw(dir, "in" + std::to_string(i), inputs[i]) + "\", " + shape_json(inputs[i]) + ", \"" +
+            np_dtype(inputs[i].dtype()) + "\"]";
   spec += "], \"expected\": [";
   for (size_t i = 0; i < expected.size(); ++i)
     spec += std::string(i ? ", " : "") + "[\"" + write_raw(dir, "out" + std::to_string(i), expected[i]) + "\", " +
@@ -88,7 +93,6 @@ void check_with_onnxruntime(const tg::ExportedProgram& ep, const std::vector<tg:
   const std::string cmd = "python3 " + script_path + " " + spec_path;
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 }
-
 
 // Runs fn eagerly and through the exported program (and its saved/loaded copy), and ORT.
 void check_export(const std::function<std::vector<tg::Tensor>(const std::vector<tg::Tensor>&)>& fn,
@@ -116,8 +120,14 @@ TEST(ExportGeneralOps, UnaryAndActivations) {
   tg::manual_seed(21);
   auto fn = [](const std::vector<tg::Tensor>& in) {
     auto x = in[0];
-    return std::vector<tg::Tensor>{x.sin(), x.cos(), (x.abs() + 0.5).rsqrt(), tg::silu(x), x.gelu("tanh"),
-                                   tg::softplus(x * 8, 2.0, 3.0), tg::leaky_relu(x, 0.2), tg::elu(x, 1.5)};
+    return std::vector<tg::Tensor>{x.sin(),
+                                   x.cos(),
+                                   (x.abs() + 0.5).rsqrt(),
+                                   tg::silu(x),
+                                   x.gelu("tanh"),
+                                   tg::softplus(x * 8, 2.0, 3.0),
+                                   tg::leaky_relu(x, 0.2),
+                                   tg::elu(x, 1.5)};
   };
   check_export(fn, {tg::randn({4, 5})}, {"x"},
                {"sin", "cos", "rsqrt", "silu", "gelu_tanh", "softplus", "leaky_relu", "elu"});
@@ -129,8 +139,8 @@ TEST(ExportGeneralOps, MaskingStackAndOneHot) {
     auto x = in[0], y = in[1];
     auto mask = x > 0.3;
     auto idx = (y.abs() * 2).clamp(0, 2.9).to(tg::kInt64);  // int64 in [0, 2]
-    return std::vector<tg::Tensor>{x.masked_fill(mask, -1.5), tg::tril(x, -1), x.triu(1),
-                                   tg::stack({x, y, x * y}, 1), tg::one_hot(idx, 3).to(tg::kFloat32)};
+    return std::vector<tg::Tensor>{x.masked_fill(mask, -1.5), tg::tril(x, -1), x.triu(1), tg::stack({x, y, x * y}, 1),
+                                   tg::one_hot(idx, 3).to(tg::kFloat32)};
   };
   check_export(fn, {tg::randn({4, 4}), tg::randn({4, 4})}, {"x0", "x1"},
                {"masked_fill", "tril", "triu", "stack", "one_hot"});
@@ -143,9 +153,8 @@ TEST(ExportGeneralOps, GatherScatterIndexAdd) {
   auto ii = tg::tensor<int64_t>({3, 0}, {2});
   auto fn = [&](const std::vector<tg::Tensor>& in) {
     auto x = in[0], y = in[1];  // [4, 3], [2, 3]
-    return std::vector<tg::Tensor>{tg::gather(x, 0, gi), tg::scatter(x, 0, si, y),
-                                   x.scatter(1, gi.slice(0, 0, 1), 7.0), tg::scatter_add(x, 0, gi, y),
-                                   tg::index_add(x, 0, ii, y, 0.5)};
+    return std::vector<tg::Tensor>{tg::gather(x, 0, gi), tg::scatter(x, 0, si, y), x.scatter(1, gi.slice(0, 0, 1), 7.0),
+                                   tg::scatter_add(x, 0, gi, y), tg::index_add(x, 0, ii, y, 0.5)};
   };
   check_export(fn, {tg::randn({4, 3}), tg::randn({2, 3})}, {"x0", "x1"},
                {"gather", "scatter", "scatter_value", "scatter_add", "index_add"});

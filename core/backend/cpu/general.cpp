@@ -151,8 +151,10 @@ void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool de
           }
           return ka < kb;
         };
-        if (descending) std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) { return less(b, a); });
-        else std::stable_sort(perm.begin(), perm.end(), less);
+        if (descending)
+          std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) { return less(b, a); });
+        else
+          std::stable_sort(perm.begin(), perm.end(), less);
         for (int64_t j = 0; j < n; ++j) {
           v[r * n + j] = row[perm[j]];
           ix[r * n + j] = perm[j];

@@ -151,7 +151,9 @@ template <class T> struct EluF {
   T alpha;
   __device__ T operator()(T a) const { return a > T(0) ? a : alpha * m_expm1(a); }
 };
-template <class T> struct RsqrtBackwardF { __device__ T operator()(T g, T y) const { return T(-0.5) * g * y * y * y; } };
+template <class T> struct RsqrtBackwardF {
+  __device__ T operator()(T g, T y) const { return T(-0.5) * g * y * y * y; }
+};
 template <class T> struct SiluBackwardF {
   __device__ T operator()(T g, T x) const {
     const T s = T(1) / (T(1) + m_exp(-x));

@@ -12,9 +12,9 @@
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
 
+#include <tapegrad/core/backend/cuda/runtime.h>
 #include <tapegrad/core/backend/cuda/kernels.cuh>
 #include <tapegrad/core/backend/cuda/loops.cuh>
-#include <tapegrad/core/backend/cuda/runtime.h>
 
 namespace tg::cuda::kern {
 namespace {
@@ -73,10 +73,14 @@ __global__ void iota_rows_kernel(int64_t* idx, int64_t* offsets, int64_t rows, i
 void cumsum(const Tensor& out, const Tensor& in) {
   cudaStream_t stream = detail::current_stream_handle(out.device().index());
   switch (in.dtype()) {
-    case DType::Int64: return cumsum_impl<int64_t, int64_t, int64_t>(out, in, stream);
-    case DType::Int32: return cumsum_impl<int32_t, int64_t, int64_t>(out, in, stream);
-    case DType::Bool: return cumsum_impl<bool, int64_t, int64_t>(out, in, stream);
-    default: break;
+    case DType::Int64:
+      return cumsum_impl<int64_t, int64_t, int64_t>(out, in, stream);
+    case DType::Int32:
+      return cumsum_impl<int32_t, int64_t, int64_t>(out, in, stream);
+    case DType::Bool:
+      return cumsum_impl<bool, int64_t, int64_t>(out, in, stream);
+    default:
+      break;
   }
   dispatch<kFloats>(in.dtype(), "cumsum", [&](auto tag) {
     using S = typename decltype(tag)::type;
@@ -91,7 +95,7 @@ void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool de
   const int64_t rows = in.sizes()[0], n = in.sizes()[1], total = rows * n;
   TG_CHECK(total <= INT32_MAX && rows < INT32_MAX, "sort: ", total, " elements in ", rows,
            " rows is more than one CUB segmented sort takes (2^31 - 1)");
-  dispatch<kFloats | kInts>(in.dtype(), "sort", [&](auto tag) {
+  dispatch<kFloats | kInts | kBoolSet>(in.dtype(), "sort", [&](auto tag) {
     using S = typename decltype(tag)::type;
     // Workspace: the row offsets, the index input, then CUB's temp storage.
     const size_t ob = (static_cast<size_t>(rows + 1) * sizeof(int64_t) + 255) / 256 * 256;

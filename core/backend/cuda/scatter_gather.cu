@@ -54,8 +54,7 @@ __device__ __forceinline__ void offsets(const Geom& g, int64_t i, int64_t& oi, i
 
 // out (contiguous, index's shape; operand a) = in (operand b) at the index along dim.
 template <class W>
-__global__ void gather_kernel(W* out, const W* in, const int64_t* index, Geom g, int64_t in_dim_stride,
-                              int64_t total) {
+__global__ void gather_kernel(W* out, const W* in, const int64_t* index, Geom g, int64_t in_dim_stride, int64_t total) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t oi, oa, ob;
@@ -93,11 +92,16 @@ unsigned grid_for(int64_t total) {
 template <class F>
 void by_size(size_t es, const char* op, F&& f) {
   switch (es) {
-    case 1: return f(uint8_t{});
-    case 2: return f(uint16_t{});
-    case 4: return f(uint32_t{});
-    case 8: return f(uint64_t{});
-    default: TG_ERROR(op, ": no CUDA kernel for elements of ", es, " bytes");
+    case 1:
+      return f(uint8_t{});
+    case 2:
+      return f(uint16_t{});
+    case 4:
+      return f(uint32_t{});
+    case 8:
+      return f(uint64_t{});
+    default:
+      TG_ERROR(op, ": no CUDA kernel for elements of ", es, " bytes");
   }
 }
 
