@@ -122,6 +122,31 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, backend::LossReductio
 std::pair<Tensor, Tensor> mse_loss_backward(const Tensor& grad, const Tensor& input, const Tensor& target,
                                             backend::LossReduction r, bool need_input, bool need_target);
 
+// ---- issue 15: softmax and cross_entropy (core/native/softmax.cpp)
+// softmax / log_softmax of a floating x over `dim` (any layout; one backend pass over contiguous
+// rows of the moved dim). Errors name the op, the shape and the dtype.
+Tensor softmax(const Tensor& x, int64_t dim, bool log);
+// Their backward from the forward's output y and the incoming gradient g (y's shape).
+Tensor softmax_backward(const Tensor& g, const Tensor& y, int64_t dim, bool log);
+// The accumulation dtype of the fused cross_entropy (float64 for float64 logits, else float32).
+DType cross_entropy_acc_dtype(DType logits);
+// The fused cross_entropy over class indices: logits [N, C] contiguous, target [N] contiguous int64,
+// weight ([C], accumulation dtype, contiguous) and weight_sum (0-d) or undefined. Returns per-row
+// {loss, lse, wt} (see backend::Backend::cross_entropy).
+// With want_grad, also the gradient of sum(loss) / denom (denom undefined: 1) for an upstream
+// gradient of 1, written in the same pass (backend::Backend::cross_entropy).
+struct CrossEntropyRows {
+  Tensor loss, lse, wt, grad;
+};
+CrossEntropyRows cross_entropy_rows(const backend::Backend::CrossEntropyArgs& args, bool want_grad = false,
+                                    const Tensor& denom = Tensor());
+// The weighted mean's denominator, sum over rows of w[t] for targets other than ignore_index
+// (0-d, accumulation dtype), from the targets alone (a few small launches).
+Tensor cross_entropy_denominator(const backend::Backend::CrossEntropyArgs& args);
+// The gradient of sum_i s_i loss_i (s_i = grad[i or 0] / denom) with respect to the logits.
+Tensor cross_entropy_rows_backward(const backend::Backend::CrossEntropyArgs& args, const Tensor& lse,
+                                   const Tensor& grad, const Tensor& denom);
+
 // ---- factories and random (a global Philox generator per device)
 Tensor full(const Shape& sizes, Scalar v, DType dtype, Device device);
 Tensor rand(const Shape& sizes, DType dtype, Device device);
@@ -138,6 +163,27 @@ Tensor arange(double start, double end, double step, DType dtype, Device device)
 // Reserves `count` Philox counters of the device's generator; returns (seed, offset).
 std::pair<uint64_t, uint64_t> philox_reserve(Device device, uint64_t count);
 
+// ---- issue 15: normalization, embedding, dropout (core/native/normalization.cpp)
+// layer_norm (rms = false) / rms_norm over the trailing dims `normalized_shape` of x. weight and
+// bias: undefined or of shape normalized_shape, x's dtype and device (rms: bias undefined).
+// Returns {y, mean, rstd}: y of x's shape and dtype; mean (undefined for rms) and rstd [rows],
+// float32 (float64 for float64 x). Errors name `op` and the shapes / dtypes.
+struct NormResult {
+  Tensor y, mean, rstd;
+};
+NormResult norm_forward(const char* op, const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                        const Tensor& bias, double eps, bool rms);
+// {grad_x, grad_weight, grad_bias}, each only when asked (else undefined).
+std::vector<Tensor> norm_backward(const Tensor& grad, const Tensor& x, const Shape& normalized_shape,
+                                  const Tensor& weight, const Tensor& mean, const Tensor& rstd, bool rms, bool need_x,
+                                  bool need_weight, bool need_bias);
+// weight[index] of shape index.shape + [dim]; index int64 / int32 checked in [0, num) (not
+// during CUDA-graph capture).
+Tensor embedding(const Tensor& index, const Tensor& weight);
+// The weight gradient [num, dim] (weight's dtype) of embedding; rows at padding_idx stay 0.
+Tensor embedding_backward(const Tensor& grad, const Tensor& index, int64_t num, int64_t padding_idx);
+// x * mask / (1 - p), mask from Philox counters [offset, offset + numel) of `seed` (backend dropout).
+Tensor dropout_mask_apply(const Tensor& x, double p, uint64_t seed, uint64_t offset);
 // ---- issue 15: general ops (core/native/general.cpp): validated here, errors naming the op
 Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);
 // The keep-mask of tril (upper = false) or triu for a's last two dims: bool [rows, cols].

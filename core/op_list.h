@@ -84,6 +84,18 @@ enum class AutocastCategory : uint8_t { None, Lower, Fp32, Promote };
   _(Contiguous, "contiguous", None)         \
   _(Clone, "clone", None)                   \
   _(Alias, "alias", None) /* detach(), t() of a vector: same values */ \
+  /* ---- issue 15: softmax and classification losses */ \
+  _(Softmax, "softmax", Fp32)            /* dim */ \
+  _(LogSoftmax, "log_softmax", Fp32)     /* dim */ \
+  _(LogSumExp, "logsumexp", Fp32)        /* dims, keepdim */ \
+  _(CrossEntropy, "cross_entropy", Fp32) /* reduction, ignore_index, label_smoothing; inputs: logits, target[, weight] */ \
+  _(NllLoss, "nll_loss", Fp32)           /* reduction, ignore_index; inputs: log_probs, target[, weight] */ \
+  _(BceWithLogits, "binary_cross_entropy_with_logits", Fp32) /* reduction, has_weight, has_pos_weight */ \
+  /* ---- issue 15: normalization, embedding, dropout */ \
+  _(LayerNorm, "layer_norm", Fp32) /* x, [weight, [bias]]; normalized_shape, eps */ \
+  _(RmsNorm, "rms_norm", Fp32)     /* x, [weight]; normalized_shape, eps */ \
+  _(Embedding, "embedding", None)  /* index, weight */ \
+  _(Dropout, "dropout", None)      /* x; p (traced only in training mode) */ \
   /* ---- issue 15: general ops */         \
   _(Sin, "sin", None)                       \
   _(Cos, "cos", None)                       \

@@ -179,11 +179,26 @@ inline Tensor operator<=(const Tensor& a, Scalar b) { return a.le(b); }
 inline Tensor operator>(const Tensor& a, Scalar b) { return a.gt(b); }
 inline Tensor operator>=(const Tensor& a, Scalar b) { return a.ge(b); }
 
+// ---- issue 15: softmax family
+// softmax / log_softmax over `dim` of a floating tensor, numerically stable (the row max is
+// subtracted); float16 / bfloat16 accumulate in float. One fused pass on CUDA.
+Tensor softmax(const Tensor& a, int64_t dim);
+Tensor log_softmax(const Tensor& a, int64_t dim);
+// log(sum(exp(a), dims)) computed as max + log(sum(exp(a - max))); integers compute in float32.
+Tensor logsumexp(const Tensor& a, DimList dims, bool keepdim = false);
+
 // ---- runtime
 const char* version();
 // Runs fn(lo, hi) over [begin, end) split into chunks of at least `grain`, on the CPU backend's threads.
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 int get_num_threads();
 void set_num_threads(int n);
+
+// ---- issue 15: normalization, embedding, dropout
+// Whether ops must use deterministic algorithms (PyTorch's torch.use_deterministic_algorithms).
+// tapegrad's default is true (PyTorch's is false): embedding's CUDA backward sums in a fixed order
+// (sorted indices). false lets it add with atomics (faster, run-to-run differences in the last bits).
+void use_deterministic_algorithms(bool on);
+bool are_deterministic_algorithms_enabled();
 
 }  // namespace tg

@@ -226,6 +226,11 @@ class Tensor {
   Tensor argmax(int64_t dim, bool keepdim = false) const;
 
   Tensor matmul(const Tensor& other) const;
+  // ---- issue 15: softmax family
+  Tensor softmax(int64_t dim) const;
+  Tensor log_softmax(int64_t dim) const;
+  Tensor logsumexp(DimList dims, bool keepdim = false) const;
+
 
   // ---- issue 15: general ops (the free functions of core/ops.h)
   Tensor sin() const;

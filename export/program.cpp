@@ -11,6 +11,12 @@
 #include <tapegrad/core/ops.h>
 #include <tapegrad/export/export.h>
 #include <tapegrad/nn/loss.h>
+// ---- issue 15: classification losses
+#include <tapegrad/nn/classification.h>
+// ---- issue 15: normalization, embedding, dropout
+#include <tapegrad/nn/dropout.h>
+#include <tapegrad/nn/embedding.h>
+#include <tapegrad/nn/normalization.h>
 
 namespace tg::exporting {
 
@@ -50,6 +56,18 @@ const OpSchema& op_schema(OpKind op) {
   static const OpSchema kTo{1, {{"dtype", T::DType}}};
   static const OpSchema kLinear{3, {}, 1};  // x, weight[, bias]
   static const OpSchema kMseLoss{2, {{"reduction", T::Int}}};
+  // ---- issue 15: softmax and classification losses
+  static const OpSchema kLogSumExp{1, {{"dims", T::Ints}, {"keepdim", T::Bool}}};
+  static const OpSchema kCrossEntropy{
+      3, {{"reduction", T::Int}, {"ignore_index", T::Int}, {"label_smoothing", T::Scalar}}, 1};  // [, weight]
+  static const OpSchema kNllLoss{3, {{"reduction", T::Int}, {"ignore_index", T::Int}}, 1};   // [, weight]
+  static const OpSchema kBceWithLogits{
+      4, {{"reduction", T::Int}, {"has_weight", T::Bool}, {"has_pos_weight", T::Bool}}, 2};  // [, weight][, pos_weight]
+  // ---- issue 15: normalization, embedding, dropout
+  static const OpSchema kLayerNorm{3, {{"normalized_shape", T::Ints}, {"eps", T::Scalar}}, 2};  // x[, w[, b]]
+  static const OpSchema kRmsNorm{2, {{"normalized_shape", T::Ints}, {"eps", T::Scalar}}, 1};    // x[, w]
+  static const OpSchema kEmbedding{2, {}};                                                       // index, weight
+  static const OpSchema kDropout{1, {{"p", T::Scalar}}};
   switch (op) {  // no default: a new op in TG_FORALL_OPS is a -Wswitch warning here
     case OpKind::Add:
     case OpKind::Sub: return kAlpha;
@@ -113,6 +131,18 @@ const OpSchema& op_schema(OpKind op) {
     case OpKind::IndexSelect: return kIndexSelect;
     case OpKind::Cat: return kCat;
     case OpKind::To: return kTo;
+    // ---- issue 15: softmax and classification losses
+    case OpKind::Softmax:
+    case OpKind::LogSoftmax: return kDim;
+    case OpKind::LogSumExp: return kLogSumExp;
+    case OpKind::CrossEntropy: return kCrossEntropy;
+    case OpKind::NllLoss: return kNllLoss;
+    case OpKind::BceWithLogits: return kBceWithLogits;
+    // ---- issue 15: normalization, embedding, dropout
+    case OpKind::LayerNorm: return kLayerNorm;
+    case OpKind::RmsNorm: return kRmsNorm;
+    case OpKind::Embedding: return kEmbedding;
+    case OpKind::Dropout: return kDropout;
     // ---- issue 15: general ops
     case OpKind::Sin:
     case OpKind::Cos:
@@ -454,6 +484,39 @@ Tensor execute(const Node& n, const std::vector<Tensor>& in, DType out_dtype) {
     case OpKind::Contiguous: return a().contiguous();
     case OpKind::Clone: return a().clone();
     case OpKind::Alias: return a().detach();
+    // ---- issue 15: softmax and classification losses
+    case OpKind::Softmax: return softmax(a(), attr_int(n, "dim"));
+    case OpKind::LogSoftmax: return log_softmax(a(), attr_int(n, "dim"));
+    case OpKind::LogSumExp: return logsumexp(a(), dims_of(n), attr_bool(n, "keepdim"));
+    case OpKind::CrossEntropy:
+    case OpKind::NllLoss:
+    case OpKind::BceWithLogits: {
+      const int64_t r = attr_int(n, "reduction");
+      TG_CHECK(r >= 0 && r <= 2, "export: ", op_name(n.op), " reduction ", r, " is not 0 (none), 1 (mean) or 2 (sum)");
+      const char* red = r == 0 ? "none" : r == 1 ? "mean" : "sum";
+      if (n.op == OpKind::CrossEntropy)
+        return nn::functional::cross_entropy(
+            a(), b(), {.reduction = red, .ignore_index = attr_int(n, "ignore_index"),
+                       .label_smoothing = attr_scalar(n, "label_smoothing").to_double(),
+                       .weight = in.size() > 2 ? in[2] : Tensor()});
+      if (n.op == OpKind::NllLoss)
+        return nn::functional::nll_loss(
+            a(), b(), {.reduction = red, .ignore_index = attr_int(n, "ignore_index"),
+                       .weight = in.size() > 2 ? in[2] : Tensor()});
+      size_t k = 2;
+      Tensor w = attr_bool(n, "has_weight") ? in.at(k++) : Tensor();
+      Tensor pw = attr_bool(n, "has_pos_weight") ? in.at(k++) : Tensor();
+      return nn::functional::binary_cross_entropy_with_logits(a(), b(), {.reduction = red, .weight = w, .pos_weight = pw});
+    }
+    // ---- issue 15: normalization, embedding, dropout
+    case OpKind::LayerNorm:
+      return nn::functional::layer_norm(a(), Shape(attr_ints(n, "normalized_shape")), in.size() > 1 ? in[1] : Tensor(),
+                                        in.size() > 2 ? in[2] : Tensor(), attr_scalar(n, "eps").to_double());
+    case OpKind::RmsNorm:
+      return nn::functional::rms_norm(a(), Shape(attr_ints(n, "normalized_shape")), in.size() > 1 ? in[1] : Tensor(),
+                                      attr_scalar(n, "eps").to_double());
+    case OpKind::Embedding: return nn::functional::embedding(a(), b());
+    case OpKind::Dropout: return nn::functional::dropout(a(), attr_scalar(n, "p").to_double(), true);
     // ---- issue 15: general ops
     case OpKind::Sin: return sin(a());
     case OpKind::Cos: return cos(a());

@@ -232,6 +232,50 @@ class Backend {
   // Host memory that copies from this backend's devices land in at full speed (CUDA: pinned, from
   // the caching host allocator); the CPU's own allocator elsewhere.
   virtual DataPtr host_staging(size_t nbytes);
+  // ---- issue 15: softmax and cross_entropy
+  // Softmax (log_softmax when `log`) over the last dim of a contiguous [rows, cols] input into out
+  // (contiguous, in's shape and dtype), cols >= 1. Float accumulation for float16 / bfloat16.
+  virtual void softmax(const Tensor& out, const Tensor& in, bool log);
+  // Its backward from the output y and the incoming gradient g (all contiguous, one shape and dtype):
+  // grad_in = y * (g - sum(g * y)) for softmax, g - exp(y) * sum(g) for log_softmax (sums per row).
+  virtual void softmax_backward(const Tensor& grad_in, const Tensor& grad, const Tensor& out, bool log);
+  // cross_entropy over class indices on [N, C] logits (contiguous, floating, C >= 1); target: [N]
+  // contiguous int64; weight: [C] contiguous of the accumulation dtype (float32, float64 for float64
+  // logits) or undefined; weight_sum: 0-d accumulation dtype, sum(weight), defined with weight.
+  // With eps = label_smoothing and w = weight (1 without one), row i's loss is
+  //   (1 - eps) w[t] (lse - x[t]) + eps / C * sum_j w[j] (lse - x[j])  (0 when t == ignore_index).
+  struct CrossEntropyArgs {
+    Tensor logits, target, weight, weight_sum;
+    int64_t ignore_index = -100;
+    double label_smoothing = 0.0;
+  };
+  // Writes, per row, loss[i], lse[i] and wt[i] = w[t] (0 when ignored): all [N] contiguous of the
+  // accumulation dtype. A target out of [0, C) and not ignore_index makes the row's loss NaN. When
+  // grad_logits is defined ([N, C], logits' dtype, contiguous), the same pass also writes the
+  // gradient of sum_i loss_i / denom (denom: 0-d accumulation dtype, or undefined for 1), i.e. the
+  // backward for an upstream gradient of 1, reading each row from DRAM once.
+  virtual void cross_entropy(const CrossEntropyArgs& args, const Tensor& loss, const Tensor& lse, const Tensor& wt,
+                             const Tensor& grad_logits, const Tensor& denom);
+  // grad_logits ([N, C], logits' dtype, contiguous) = s_i * d loss_i / d x_ij in one pass from the
+  // logits and the saved lse, s_i = grad[i or 0] / (denom ? denom[0] : 1); grad: [N] (reduction
+  // none) or 0-d; denom: 0-d or undefined; both of the accumulation dtype.
+  virtual void cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& grad_logits, const Tensor& lse,
+                                      const Tensor& grad, const Tensor& denom);
+  // ---- issue 15: normalization, embedding, dropout (defaults throw: core/native/normalization.cpp)
+  // layer_norm (rms = false) / rms_norm (rms = true) over rows of a.cols elements (NormArgs).
+  virtual void norm_forward(const struct NormArgs& a);
+  virtual void norm_backward(const struct NormBackwardArgs& a);
+  // grad_weight[index[j]] += grad[j] for every j except index[j] == padding_idx (-1: none).
+  // grad_weight: zeroed, contiguous [num, dim]; grad: contiguous [n, dim] of grad_weight's dtype;
+  // index: contiguous [n] int64 / int32, validated in range. Accumulated in float (double for
+  // float64). deterministic: a fixed summation order (CUDA: sorted indices, segmented sums);
+  // else the device may add with atomics.
+  virtual void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index,
+                                  int64_t padding_idx, bool deterministic);
+  // out[i] = keep(i) ? x[i] * scale : 0 with keep(i) = philox::uniform_f32(seed, offset, i) >= p
+  // (one counter per element, any floating dtype). out, x: contiguous, one dtype and numel.
+  // The backward is the same call on the gradient: the mask is regenerated, never stored.
+  virtual void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset);
 
   // ---- issue 15: general ops (the defaults throw; core/native/general.cpp)
   // Along dim, over the positions p of index's shape (index: int64, any strides, values validated
@@ -253,6 +297,27 @@ inline constexpr int kMaxAddN = 32;
 inline constexpr int kMaxGatherRows = 8;
 inline constexpr int kMaxLinearGradOut = 8;
 inline constexpr int kMaxLinearGradIn = 2048;
+
+// ---- issue 15: normalization, embedding, dropout
+// layer_norm / rms_norm over the last `cols` elements: x, y contiguous [rows, cols]; weight and
+// bias contiguous [cols] of x's dtype, or undefined (1 / 0). mean (layer_norm only) and rstd:
+// contiguous [rows], float64 for float64 x, else float32. Statistics accumulate in float
+// (double for float64); var is the biased variance; rms: rstd = 1 / sqrt(mean(x^2) + eps).
+struct NormArgs {
+  Tensor x, weight, bias, y, mean, rstd;
+  int64_t rows = 0, cols = 0;
+  double eps = 0;
+  bool rms = false;
+};
+// The gradients from the saved mean / rstd (rms: mean undefined). Each of grad_x,
+// grad_weight, grad_bias may be undefined (not wanted); defined ones are contiguous of x's
+// dtype. grad_out: contiguous [rows, cols] of x's dtype. rows >= 1.
+struct NormBackwardArgs {
+  Tensor grad_out, x, weight, mean, rstd;
+  Tensor grad_x, grad_weight, grad_bias;
+  int64_t rows = 0, cols = 0;
+  bool rms = false;
+};
 
 Backend& get(DeviceType type);
 // How many backend ops this thread has dispatched (a cheap counter for benchmarks: on CUDA

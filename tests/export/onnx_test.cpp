@@ -175,3 +175,103 @@ TEST(ExportOnnx, UnsupportedOpIsAnError) {
     EXPECT_NE(std::string(e.what()).find("var"), std::string::npos) << e.what();
   }
 }
+
+// ---- issue 15: softmax family and classification losses
+// softmax / log_softmax / logsumexp are recorded as themselves and lowered to Softmax / LogSoftmax /
+// ReduceLogSumExp; cross_entropy (class indices with weight and label smoothing, probability
+// targets), nll_loss and binary_cross_entropy_with_logits run again from the program, survive a
+// .tgx round trip, and lower to a composite ONNX Runtime reproduces.
+TEST(ExportOnnx, SoftmaxFamilyAndClassificationLosses) {
+  tg::manual_seed(15);
+  auto cls_w = tg::tensor(std::vector<float>{0.5f, 1.0f, 2.0f, 1.5f});
+  auto pos_w = tg::tensor(std::vector<float>{2.0f, 0.5f, 1.0f, 3.0f});
+  auto fn = [&](const std::vector<tg::Tensor>& in) {
+    const tg::Tensor& x = in[0];
+    const tg::Tensor& t = in[1];
+    tg::Tensor p = tg::softmax(in[2], 1);
+    return std::vector<tg::Tensor>{
+        tg::softmax(x, 1),
+        tg::log_softmax(x, 0),
+        tg::logsumexp(x, {1}),
+        x.logsumexp({0, 1}, true),
+        tg::nn::functional::cross_entropy(x, t),
+        tg::nn::functional::cross_entropy(x, t, {.reduction = "none", .ignore_index = 1, .label_smoothing = 0.2,
+                                                 .weight = cls_w}),
+        tg::nn::functional::cross_entropy(x, t, {.reduction = "sum", .label_smoothing = 0.1, .weight = cls_w}),
+        tg::nn::functional::cross_entropy(x, p, {.label_smoothing = 0.1}),
+        tg::nn::functional::nll_loss(tg::log_softmax(x, 1), t, {.weight = cls_w}),
+        tg::nn::functional::binary_cross_entropy_with_logits(x, p, {.pos_weight = pos_w}),
+    };
+  };
+  auto make_inputs = [] {
+    return std::vector<tg::Tensor>{tg::randn({5, 4}), tg::tensor(std::vector<int64_t>{3, 1, 0, 2, 1}),
+                                   tg::randn({5, 4})};
+  };
+  auto ep = tg::export_function(fn, make_inputs());
+  const std::string g = ep.graph();
+  for (const char* s : {"softmax(", "log_softmax(", "logsumexp(", "cross_entropy(", "nll_loss(",
+                        "binary_cross_entropy_with_logits("})
+    EXPECT_NE(g.find(s), std::string::npos) << s << g;
+  const auto in = make_inputs();
+  const std::vector<tg::Tensor> want = fn(in);
+  const auto path = scratch("classification.tgx");
+  ep.save(path);
+  for (const auto& prog : {ep, tg::ExportedProgram::load(path)}) {
+    const std::vector<tg::Tensor> got = prog.run(in);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].sizes(), want[i].sizes()) << i;
+      expect_close(to_f64(got[i]), to_f64(want[i]), 1e-6);
+    }
+  }
+  if (!have_onnx_python()) GTEST_SKIP() << "python3 with onnx, onnxruntime and numpy not found";
+  check_with_onnxruntime(ep, in, {"x0", "x1", "x2"});
+}
+// ---- issue 15: normalization, embedding, dropout
+TEST(ExportOnnx, LayerNormRmsNormEmbedding) {
+  if (!have_onnx_python()) GTEST_SKIP() << "python3 with onnx, onnxruntime and numpy not found";
+  tg::manual_seed(21);
+  auto w = tg::randn({6}), b = tg::randn({6}), w2 = tg::randn({3, 6}), table = tg::randn({10, 6});
+  namespace F = tg::nn::functional;
+  auto fn = [&](const std::vector<tg::Tensor>& in) {
+    tg::Tensor e = F::embedding(in[1], table);  // [4, 2, 6]
+    return std::vector<tg::Tensor>{F::layer_norm(in[0], {6}, w, b), F::layer_norm(in[0], {6}),
+                                   F::layer_norm(in[0].view({4, 2, 3}), {2, 3}, tg::Tensor(), b.view({2, 3})),
+                                   F::rms_norm(in[0], {6}, w, 1e-5), F::rms_norm(e, {2, 6}, w2.view({2, 9}).slice(1, 0, 6)),
+                                   e + F::dropout(e, 0.5, false)};
+  };
+  const std::vector<tg::Tensor> in{tg::randn({4, 6}),
+                                   tg::tensor<int64_t>({1, 9, 0, 0, 3, 7, 2, 9}, {4, 2}, tg::kInt64)};
+  auto ep = tg::export_function(fn, in, {{"w", w}, {"b", b}, {"w2", w2}, {"table", table}});
+  const std::string g = ep.graph();
+  for (const char* s : {"layer_norm(", "rms_norm(", "embedding("}) EXPECT_NE(g.find(s), std::string::npos) << s << g;
+  EXPECT_EQ(g.find("dropout("), std::string::npos) << g;  // eval mode: nothing traced
+  const std::vector<tg::Tensor> in2{tg::randn({4, 6}),
+                                    tg::tensor<int64_t>({0, 1, 2, 3, 4, 5, 6, 8}, {4, 2}, tg::kInt64)};
+  const std::vector<tg::Tensor> got = ep.run(in2), want = fn(in2);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) expect_close(to_f64(got[i]), to_f64(want[i]), 1e-6);
+  // The .tgx round trip keeps normalized_shape and eps.
+  const auto tgx_dir = scratch("tgx");
+  fs::create_directories(tgx_dir);
+  const auto tgx = (fs::path(tgx_dir) / "norm.tgx").string();
+  ep.save(tgx);
+  const std::vector<tg::Tensor> loaded = tg::ExportedProgram::load(tgx).run(in2);
+  ASSERT_EQ(loaded.size(), want.size());
+  for (size_t i = 0; i < loaded.size(); ++i) expect_close(to_f64(loaded[i]), to_f64(want[i]), 1e-6);
+  check_with_onnxruntime(ep, in2, {"x0", "x1"});
+}
+
+// A traced dropout (training mode) replays as dropout; ONNX gets a Dropout node in training mode.
+TEST(ExportOnnx, DropoutInTrainingModeIsTraced) {
+  auto fn = [](const std::vector<tg::Tensor>& in) {
+    return std::vector<tg::Tensor>{tg::nn::functional::dropout(in[0], 0.25)};
+  };
+  auto ep = tg::export_function(fn, {tg::randn({8, 8})}, {});
+  EXPECT_NE(ep.graph().find("dropout("), std::string::npos) << ep.graph();
+  const tg::Tensor y = ep.run({tg::ones({8, 8})})[0];
+  for (double v : to_f64(y)) EXPECT_TRUE(v == 0 || std::abs(v - 1 / 0.75) < 1e-6) << v;
+  const auto dir = scratch("onnx");
+  fs::create_directories(dir);
+  ep.save_onnx((fs::path(dir) / "dropout.onnx").string());
+}

@@ -66,6 +66,29 @@ class CpuBackend final : public backend::Backend {
                          const Tensor& target, backend::LossReduction r) override {
     cpu::mse_loss_backward(grad_input, grad_target, grad, input, target, r);
   }
+  // ---- issue 15: softmax and cross_entropy
+  void softmax(const Tensor& out, const Tensor& in, bool log) override { cpu::softmax(out, in, log); }
+  void softmax_backward(const Tensor& grad_in, const Tensor& grad, const Tensor& out, bool log) override {
+    cpu::softmax_backward(grad_in, grad, out, log);
+  }
+  void cross_entropy(const CrossEntropyArgs& args, const Tensor& loss, const Tensor& lse, const Tensor& wt,
+                     const Tensor& grad_logits, const Tensor& denom) override {
+    cpu::cross_entropy(args, loss, lse, wt, grad_logits, denom);
+  }
+  void cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& grad_logits, const Tensor& lse,
+                              const Tensor& grad, const Tensor& denom) override {
+    cpu::cross_entropy_backward(args, grad_logits, lse, grad, denom);
+  }
+  // ---- issue 15: normalization, embedding, dropout
+  void norm_forward(const backend::NormArgs& a) override { cpu::norm_forward(a); }
+  void norm_backward(const backend::NormBackwardArgs& a) override { cpu::norm_backward(a); }
+  void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx,
+                          bool) override {
+    cpu::embedding_backward(grad_weight, grad, index, padding_idx);  // always in a fixed order
+  }
+  void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset) override {
+    cpu::dropout(out, x, p, scale, seed, offset);
+  }
   // ---- issue 15: general ops
   void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index) override {
     cpu::gather(out, in, dim, index);

@@ -104,6 +104,51 @@ class CudaBackend final : public Backend {
     cuda::detail::DeviceGuard guard(device_of(x));
     cuda::kern::linear_grad_weight_bias(gw, gb, g, x);
   }
+  // ---- issue 15: softmax and cross_entropy
+  void softmax(const Tensor& out, const Tensor& in, bool log) override {
+    if (in.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(in));
+    cuda::kern::softmax(out, in, log);
+  }
+  void softmax_backward(const Tensor& grad_in, const Tensor& grad, const Tensor& out, bool log) override {
+    if (out.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(out));
+    cuda::kern::softmax_backward(grad_in, grad, out, log);
+  }
+  void cross_entropy(const CrossEntropyArgs& args, const Tensor& loss, const Tensor& lse, const Tensor& wt,
+                     const Tensor& grad_logits, const Tensor& denom) override {
+    if (args.logits.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(args.logits));
+    cuda::kern::cross_entropy(args, loss, lse, wt, grad_logits, denom);
+  }
+  void cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& grad_logits, const Tensor& lse,
+                              const Tensor& grad, const Tensor& denom) override {
+    if (args.logits.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(args.logits));
+    cuda::kern::cross_entropy_backward(args, grad_logits, lse, grad, denom);
+  }
+  // ---- issue 15: normalization, embedding, dropout
+  void norm_forward(const NormArgs& a) override {
+    if (a.rows == 0 || a.cols == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(a.x));
+    cuda::kern::norm_forward(a);
+  }
+  void norm_backward(const NormBackwardArgs& a) override {
+    if (a.rows == 0 || a.cols == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(a.x));
+    cuda::kern::norm_backward(a);
+  }
+  void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx,
+                          bool deterministic) override {
+    if (index.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(grad_weight));
+    cuda::kern::embedding_backward(grad_weight, grad, index, padding_idx, deterministic);
+  }
+  void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset) override {
+    if (x.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(x));
+    cuda::kern::dropout(out, x, p, scale, seed, offset);
+  }
   // ---- issue 15: general ops
   void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index) override {
     if (out.numel() == 0) return;
