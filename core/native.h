@@ -184,5 +184,20 @@ Tensor embedding(const Tensor& index, const Tensor& weight);
 Tensor embedding_backward(const Tensor& grad, const Tensor& index, int64_t num, int64_t padding_idx);
 // x * mask / (1 - p), mask from Philox counters [offset, offset + numel) of `seed` (backend dropout).
 Tensor dropout_mask_apply(const Tensor& x, double p, uint64_t seed, uint64_t offset);
+// ---- issue 15: general ops (core/native/general.cpp): validated here, errors naming the op
+Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);
+// The keep-mask of tril (upper = false) or triu for a's last two dims: bool [rows, cols].
+Tensor tri_mask(const Tensor& a, int64_t diagonal, bool upper);
+Tensor one_hot(const Tensor& index, int64_t num_classes);  // num_classes resolved (>= 0)
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim);
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
+// A copy of a with src scattered (accumulate: added) at index along dim; `op` names errors.
+Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate, const char* op);
+Tensor scatter_value(const Tensor& a, int64_t dim, const Tensor& index, Scalar value);
+Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& source, Scalar alpha);
+Tensor cumsum(const Tensor& a, int64_t dim);
+// (values, int64 indices), stable; topk: the first k of the sort (largest: descending).
+std::pair<Tensor, Tensor> sort(const Tensor& a, int64_t dim, bool descending);
+std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim, bool largest);
 
 }  // namespace tg::native

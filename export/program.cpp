@@ -143,6 +143,63 @@ const OpSchema& op_schema(OpKind op) {
     case OpKind::RmsNorm: return kRmsNorm;
     case OpKind::Embedding: return kEmbedding;
     case OpKind::Dropout: return kDropout;
+    // ---- issue 15: general ops
+    case OpKind::Sin:
+    case OpKind::Cos:
+    case OpKind::Rsqrt:
+    case OpKind::Silu:
+    case OpKind::GeluTanh: return kUnary;
+    case OpKind::Softplus: {
+      static const OpSchema kSoftplus{1, {{"beta", T::Scalar}, {"threshold", T::Scalar}}};
+      return kSoftplus;
+    }
+    case OpKind::LeakyRelu: {
+      static const OpSchema kLeakyRelu{1, {{"negative_slope", T::Scalar}}};
+      return kLeakyRelu;
+    }
+    case OpKind::Elu: {
+      static const OpSchema kElu{1, {{"alpha", T::Scalar}}};
+      return kElu;
+    }
+    case OpKind::MaskedFill: {
+      static const OpSchema kMaskedFill{2, {{"value", T::Scalar}}};
+      return kMaskedFill;
+    }
+    case OpKind::Tril:
+    case OpKind::Triu: {
+      static const OpSchema kTri{1, {{"diagonal", T::Int}}};
+      return kTri;
+    }
+    case OpKind::OneHot: {
+      static const OpSchema kOneHot{1, {{"num_classes", T::Int}}};
+      return kOneHot;
+    }
+    case OpKind::Stack: return kCat;
+    case OpKind::Gather: return kIndexSelect;  // (input, index), dim
+    case OpKind::Scatter:
+    case OpKind::ScatterAdd: {
+      static const OpSchema kScatter{3, {{"dim", T::Int}}};
+      return kScatter;
+    }
+    case OpKind::ScatterValue: {
+      static const OpSchema kScatterValue{2, {{"dim", T::Int}, {"value", T::Scalar}}};
+      return kScatterValue;
+    }
+    case OpKind::IndexAdd: {
+      static const OpSchema kIndexAdd{3, {{"dim", T::Int}, {"alpha", T::Scalar}}};
+      return kIndexAdd;
+    }
+    case OpKind::Cumsum: return kDim;
+    case OpKind::Sort:
+    case OpKind::Argsort: {
+      static const OpSchema kSort{1, {{"dim", T::Int}, {"descending", T::Bool}}};
+      return kSort;
+    }
+    case OpKind::Topk:
+    case OpKind::TopkIndices: {
+      static const OpSchema kTopk{1, {{"k", T::Int}, {"dim", T::Int}, {"largest", T::Bool}}};
+      return kTopk;
+    }
   }
   TG_ERROR("export: no schema for op ", static_cast<int>(op));
 }
@@ -460,6 +517,31 @@ Tensor execute(const Node& n, const std::vector<Tensor>& in, DType out_dtype) {
                                       attr_scalar(n, "eps").to_double());
     case OpKind::Embedding: return nn::functional::embedding(a(), b());
     case OpKind::Dropout: return nn::functional::dropout(a(), attr_scalar(n, "p").to_double(), true);
+    // ---- issue 15: general ops
+    case OpKind::Sin: return sin(a());
+    case OpKind::Cos: return cos(a());
+    case OpKind::Rsqrt: return rsqrt(a());
+    case OpKind::Silu: return silu(a());
+    case OpKind::GeluTanh: return gelu(a(), "tanh");
+    case OpKind::Softplus: return softplus(a(), attr_scalar(n, "beta"), attr_scalar(n, "threshold"));
+    case OpKind::LeakyRelu: return leaky_relu(a(), attr_scalar(n, "negative_slope"));
+    case OpKind::Elu: return elu(a(), attr_scalar(n, "alpha"));
+    case OpKind::MaskedFill: return masked_fill(a(), b(), attr_scalar(n, "value"));
+    case OpKind::Tril: return tril(a(), attr_int(n, "diagonal"));
+    case OpKind::Triu: return triu(a(), attr_int(n, "diagonal"));
+    case OpKind::OneHot: return one_hot(a(), attr_int(n, "num_classes"));
+    case OpKind::Stack: return stack(in, attr_int(n, "dim"));
+    case OpKind::Gather: return gather(a(), attr_int(n, "dim"), b());
+    case OpKind::Scatter: return scatter(a(), attr_int(n, "dim"), b(), in.at(2));
+    case OpKind::ScatterValue: return scatter(a(), attr_int(n, "dim"), b(), attr_scalar(n, "value"));
+    case OpKind::ScatterAdd: return scatter_add(a(), attr_int(n, "dim"), b(), in.at(2));
+    case OpKind::IndexAdd: return index_add(a(), attr_int(n, "dim"), b(), in.at(2), attr_scalar(n, "alpha"));
+    case OpKind::Cumsum: return cumsum(a(), attr_int(n, "dim"));
+    case OpKind::Sort: return std::get<0>(sort(a(), attr_int(n, "dim"), attr_bool(n, "descending")));
+    case OpKind::Argsort: return argsort(a(), attr_int(n, "dim"), attr_bool(n, "descending"));
+    case OpKind::Topk: return std::get<0>(topk(a(), attr_int(n, "k"), attr_int(n, "dim"), attr_bool(n, "largest")));
+    case OpKind::TopkIndices:
+      return std::get<1>(topk(a(), attr_int(n, "k"), attr_int(n, "dim"), attr_bool(n, "largest")));
   }
   TG_ERROR("export: cannot execute op ", static_cast<int>(n.op));
 }

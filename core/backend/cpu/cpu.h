@@ -60,6 +60,12 @@ void cross_entropy(const backend::Backend::CrossEntropyArgs& args, const Tensor&
 void cross_entropy_backward(const backend::Backend::CrossEntropyArgs& args, const Tensor& grad_logits,
                             const Tensor& lse, const Tensor& grad, const Tensor& denom);
 
+// ---- issue 15: general ops (general.cpp)
+void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index);
+void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate);
+void cumsum(const Tensor& out, const Tensor& in);
+void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool descending);
+
 // Name of an elementwise op for error messages.
 const char* op_name(backend::ElemOp op);
 

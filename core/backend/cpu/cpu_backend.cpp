@@ -89,6 +89,17 @@ class CpuBackend final : public backend::Backend {
   void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset) override {
     cpu::dropout(out, x, p, scale, seed, offset);
   }
+  // ---- issue 15: general ops
+  void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index) override {
+    cpu::gather(out, in, dim, index);
+  }
+  void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate) override {
+    cpu::scatter(out, dim, index, src, accumulate);
+  }
+  void cumsum(const Tensor& out, const Tensor& in) override { cpu::cumsum(out, in); }
+  void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool descending) override {
+    cpu::sort(values, indices, in, descending);
+  }
 };
 
 }  // namespace

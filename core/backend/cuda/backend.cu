@@ -149,6 +149,27 @@ class CudaBackend final : public Backend {
     cuda::detail::DeviceGuard guard(device_of(x));
     cuda::kern::dropout(out, x, p, scale, seed, offset);
   }
+  // ---- issue 15: general ops
+  void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index) override {
+    if (out.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(out));
+    cuda::kern::gather(out, in, dim, index);
+  }
+  void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate) override {
+    if (index.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(out));
+    cuda::kern::scatter(out, dim, index, src, accumulate);
+  }
+  void cumsum(const Tensor& out, const Tensor& in) override {
+    if (out.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(out));
+    cuda::kern::cumsum(out, in);
+  }
+  void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool descending) override {
+    if (in.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(in));
+    cuda::kern::sort(values, indices, in, descending);
+  }
 };
 
 }  // namespace

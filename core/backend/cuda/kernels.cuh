@@ -35,4 +35,10 @@ void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_
 void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx,
                         bool deterministic);  // embedding.cu
 
+// ---- issue 15: general ops
+void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index);  // scatter_gather.cu
+void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate);
+void cumsum(const Tensor& out, const Tensor& in);  // scan_sort.cu
+void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool descending);
+
 }  // namespace tg::cuda::kern
