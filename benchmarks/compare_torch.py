@@ -58,6 +58,12 @@ WORKLOADS = [
     ("amp_train_fp16_graph", "AMP fp16 step replayed as a CUDA graph", "lower", ("abs", "<=", 150.0)),
     ("amp_train_fp16_graph_shared", "  same, after the eager AMP loops in one process", "lower", None),
     ("regression_epoch_graph", "regression epoch 1Mx64 as a CUDA graph", "lower", ("abs", "<=", 8.0)),
+    # ---- issue 15: softmax / cross_entropy fwd+bwd (tg_bench_softmax; its JSON also has GB_per_s)
+    ("softmax_fwd_bwd_16384x4096_fp32", "softmax fwd+bwd 16384x4096 fp32", "lower", ("ratio", "<=", 0.77, " (1.3x faster)")),
+    ("softmax_fwd_bwd_16384x4096_bf16", "softmax fwd+bwd 16384x4096 bf16", "lower", ("ratio", "<=", 0.77, " (1.3x faster)")),
+    ("softmax_fwd_bwd_4096x50304_fp32", "softmax fwd+bwd 4096x50304 fp32", "lower", ("ratio", "<=", 0.77, " (1.3x faster)")),
+    ("softmax_fwd_bwd_4096x50304_bf16", "softmax fwd+bwd 4096x50304 bf16", "lower", ("ratio", "<=", 0.77, " (1.3x faster)")),
+    ("cross_entropy_fwd_bwd_16384x50304_bf16", "cross_entropy fwd+bwd 16384x50304 bf16", "lower", ("abs", "<=", 1.0)),
 ]
 
 
@@ -229,6 +235,31 @@ def torch_timings(warmup, reps, only):
         if name == "amp_train_fp16":
             out["amp_train_fp16_peak_mib"] = (torch.cuda.max_memory_allocated() / 2**20, "MiB")
         del model, opt, scaler
+    # ---- issue 15: softmax / cross_entropy fwd+bwd, the same steps as tg_bench_softmax
+    for rows, cols, dt, tag in [(16384, 4096, torch.float32, "fp32"), (16384, 4096, torch.bfloat16, "bf16"),
+                                (4096, 50304, torch.float32, "fp32"), (4096, 50304, torch.bfloat16, "bf16")]:
+        name = f"softmax_fwd_bwd_{rows}x{cols}_{tag}"
+        if not wants(name):
+            continue
+        xs = torch.randn(rows, cols, device="cuda").to(dt).requires_grad_(True)
+        gs = torch.randn(rows, cols, device="cuda").to(dt)
+
+        def softmax_step():
+            xs.grad = None
+            torch.softmax(xs, -1).backward(gs)
+
+        out[name] = (event_ms(softmax_step), "ms")
+        del xs, gs
+    if wants("cross_entropy_fwd_bwd_16384x50304_bf16"):
+        xc = torch.randn(16384, 50304, device="cuda").to(torch.bfloat16).requires_grad_(True)
+        tc = torch.randint(0, 50304, (16384,), device="cuda")
+
+        def ce_step():
+            xc.grad = None
+            torch.nn.functional.cross_entropy(xc, tc).backward()
+
+        out["cross_entropy_fwd_bwd_16384x50304_bf16"] = (event_ms(ce_step), "ms")
+        del xc, tc
     torch.cuda.empty_cache()
     return out
 
@@ -236,7 +267,8 @@ def torch_timings(warmup, reps, only):
 def run_tg_programs(bench_dir, reps, only):
     """Runs the C++ benchmark programs; returns (parsed JSON records, failed program names)."""
     records, failed = [], []
-    for prog in ("tg_bench_gpu", "tg_bench_cpu", "tg_bench_interop", "tg_bench_amp", "tg_bench_overhead"):
+    for prog in ("tg_bench_gpu", "tg_bench_cpu", "tg_bench_interop", "tg_bench_amp", "tg_bench_overhead",
+                 "tg_bench_softmax"):  # ---- issue 15: tg_bench_softmax
         path = os.path.join(bench_dir, prog)
         if not os.path.exists(path):
             print(f"compare_torch: {path} not found (build with -DTG_BUILD_BENCHMARKS=ON)", file=sys.stderr)

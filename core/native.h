@@ -122,6 +122,31 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, backend::LossReductio
 std::pair<Tensor, Tensor> mse_loss_backward(const Tensor& grad, const Tensor& input, const Tensor& target,
                                             backend::LossReduction r, bool need_input, bool need_target);
 
+// ---- issue 15: softmax and cross_entropy (core/native/softmax.cpp)
+// softmax / log_softmax of a floating x over `dim` (any layout; one backend pass over contiguous
+// rows of the moved dim). Errors name the op, the shape and the dtype.
+Tensor softmax(const Tensor& x, int64_t dim, bool log);
+// Their backward from the forward's output y and the incoming gradient g (y's shape).
+Tensor softmax_backward(const Tensor& g, const Tensor& y, int64_t dim, bool log);
+// The accumulation dtype of the fused cross_entropy (float64 for float64 logits, else float32).
+DType cross_entropy_acc_dtype(DType logits);
+// The fused cross_entropy over class indices: logits [N, C] contiguous, target [N] contiguous int64,
+// weight ([C], accumulation dtype, contiguous) and weight_sum (0-d) or undefined. Returns per-row
+// {loss, lse, wt} (see backend::Backend::cross_entropy).
+// With want_grad, also the gradient of sum(loss) / denom (denom undefined: 1) for an upstream
+// gradient of 1, written in the same pass (backend::Backend::cross_entropy).
+struct CrossEntropyRows {
+  Tensor loss, lse, wt, grad;
+};
+CrossEntropyRows cross_entropy_rows(const backend::Backend::CrossEntropyArgs& args, bool want_grad = false,
+                                    const Tensor& denom = Tensor());
+// The weighted mean's denominator, sum over rows of w[t] for targets other than ignore_index
+// (0-d, accumulation dtype), from the targets alone (a few small launches).
+Tensor cross_entropy_denominator(const backend::Backend::CrossEntropyArgs& args);
+// The gradient of sum_i s_i loss_i (s_i = grad[i or 0] / denom) with respect to the logits.
+Tensor cross_entropy_rows_backward(const backend::Backend::CrossEntropyArgs& args, const Tensor& lse,
+                                   const Tensor& grad, const Tensor& denom);
+
 // ---- factories and random (a global Philox generator per device)
 Tensor full(const Shape& sizes, Scalar v, DType dtype, Device device);
 Tensor rand(const Shape& sizes, DType dtype, Device device);

@@ -83,7 +83,14 @@ enum class AutocastCategory : uint8_t { None, Lower, Fp32, Promote };
   _(To, "to", None)                         \
   _(Contiguous, "contiguous", None)         \
   _(Clone, "clone", None)                   \
-  _(Alias, "alias", None) /* detach(), t() of a vector: same values */
+  _(Alias, "alias", None) /* detach(), t() of a vector: same values */ \
+  /* ---- issue 15: softmax and classification losses */ \
+  _(Softmax, "softmax", Fp32)            /* dim */ \
+  _(LogSoftmax, "log_softmax", Fp32)     /* dim */ \
+  _(LogSumExp, "logsumexp", Fp32)        /* dims, keepdim */ \
+  _(CrossEntropy, "cross_entropy", Fp32) /* reduction, ignore_index, label_smoothing; inputs: logits, target[, weight] */ \
+  _(NllLoss, "nll_loss", Fp32)           /* reduction, ignore_index; inputs: log_probs, target[, weight] */ \
+  _(BceWithLogits, "binary_cross_entropy_with_logits", Fp32) /* reduction, has_weight, has_pos_weight */
 
 enum class OpKind : uint16_t {
 #define TG_OP_ENUM(name, str, cat) name,

@@ -138,6 +138,14 @@ inline Tensor operator<=(const Tensor& a, Scalar b) { return a.le(b); }
 inline Tensor operator>(const Tensor& a, Scalar b) { return a.gt(b); }
 inline Tensor operator>=(const Tensor& a, Scalar b) { return a.ge(b); }
 
+// ---- issue 15: softmax family
+// softmax / log_softmax over `dim` of a floating tensor, numerically stable (the row max is
+// subtracted); float16 / bfloat16 accumulate in float. One fused pass on CUDA.
+Tensor softmax(const Tensor& a, int64_t dim);
+Tensor log_softmax(const Tensor& a, int64_t dim);
+// log(sum(exp(a), dims)) computed as max + log(sum(exp(a - max))); integers compute in float32.
+Tensor logsumexp(const Tensor& a, DimList dims, bool keepdim = false);
+
 // ---- runtime
 const char* version();
 // Runs fn(lo, hi) over [begin, end) split into chunks of at least `grain`, on the CPU backend's threads.

@@ -224,6 +224,11 @@ class Tensor {
   Tensor argmax(int64_t dim, bool keepdim = false) const;
 
   Tensor matmul(const Tensor& other) const;
+  // ---- issue 15: softmax family
+  Tensor softmax(int64_t dim) const;
+  Tensor log_softmax(int64_t dim) const;
+  Tensor logsumexp(DimList dims, bool keepdim = false) const;
+
 
   // ---- autograd (autograd/)
   const Tensor& requires_grad_(bool requires_grad = true) const;

@@ -473,6 +473,98 @@ void lower(OnnxGraph& g, const Program& p, const Node& n, const std::vector<std:
     case OpKind::Contiguous:
     case OpKind::Clone:
     case OpKind::Alias: g.node("Identity", {in[0]}, out); return;
+    // ---- issue 15: softmax and classification losses
+    case OpKind::Softmax:
+    case OpKind::LogSoftmax: {
+      const int64_t axis = wrap(exporting::attr_int(n, "dim"), std::max<int64_t>(in_rank, 1), n);
+      g.node(n.op == OpKind::Softmax ? "Softmax" : "LogSoftmax", {in_as(0, odt)}, out, {attr_int("axis", axis)});
+      return;
+    }
+    case OpKind::LogSumExp: {
+      auto axes = reduce_axes(n, in_rank);
+      std::vector<OnnxAttr> attrs{attr_int("keepdims", exporting::attr_bool(n, "keepdim"))};
+      if (!axes.empty()) attrs.push_back(attr_ints("axes", axes));
+      g.node("ReduceLogSumExp", {in_as(0, odt)}, out, attrs);
+      return;
+    }
+    case OpKind::CrossEntropy:
+    case OpKind::NllLoss: {
+      // Composite (opset 17's SoftmaxCrossEntropyLoss has no label smoothing): log-probabilities,
+      // a one-hot selection against the class indices, per-sample weights, the reduction.
+      const int64_t r = exporting::attr_int(n, "reduction");
+      if (r < 0 || r > 2) unsupported("reduction " + std::to_string(r));
+      if (in_rank < 1) unsupported("0-d input");
+      const int64_t cd = in_rank == 1 ? 0 : 1;
+      const int64_t c = iv(0).shape[static_cast<size_t>(cd)];
+      if (c == exporting::kBatch && cd == 0) unsupported("a dynamic class dim");
+      const bool ce = n.op == OpKind::CrossEntropy;
+      const double eps = ce ? exporting::attr_scalar(n, "label_smoothing").to_double() : 0.0;
+      std::string logp = ce ? g.node("LogSoftmax", {in_as(0, odt)}, "", {attr_int("axis", cd)}) : in_as(0, odt);
+      std::vector<int64_t> wshape(static_cast<size_t>(in_rank), 1);
+      wshape[static_cast<size_t>(cd)] = c;
+      std::string wv = n.inputs.size() > 2 ? g.node("Reshape", {in_as(2, odt), g.ints(wshape)}) : "";
+      std::string cdim = g.ints({cd});
+      auto rsum = [&](const std::string& x, bool over_class) {
+        return over_class ? g.node("ReduceSum", {x, cdim}, "", {attr_int("keepdims", 0)})
+                          : g.node("ReduceSum", {x}, "", {attr_int("keepdims", 0)});
+      };
+      if (is_floating(iv(1).dtype)) {  // probability targets
+        if (!ce) unsupported("nll_loss with a floating target");
+        std::string t = in_as(1, odt);
+        if (eps > 0) t = g.node("Add", {g.node("Mul", {t, g.scalar(1.0 - eps, odt)}), g.scalar(eps / c, odt)});
+        std::string prod = g.node("Mul", {logp, t});
+        if (!wv.empty()) prod = g.node("Mul", {prod, wv});
+        std::string per = g.node("Neg", {rsum(prod, true)});
+        if (r == 0) g.node("Identity", {per}, out);
+        else if (r == 2) g.node("ReduceSum", {per}, out, {attr_int("keepdims", 0)});
+        else g.node("ReduceMean", {per}, out, {attr_int("keepdims", 0)});
+        return;
+      }
+      std::string tgt = in_as(1, kInt64);
+      Tensor cls = arange(c, kInt64).reshape(Shape(wshape.begin(), wshape.end()));
+      std::string onehot = g.as(g.node("Equal", {g.node("Unsqueeze", {tgt, cdim}), g.initializer(cls)}), kBool, odt);
+      std::string valid = g.as(
+          g.node("Not", {g.node("Equal", {tgt, g.scalar(Scalar(exporting::attr_int(n, "ignore_index")), kInt64)})}),
+          kBool, odt);
+      std::string sel = wv.empty() ? onehot : g.node("Mul", {onehot, wv});
+      std::string per = g.node("Neg", {rsum(g.node("Mul", {logp, sel}), true)});
+      if (eps > 0) {
+        std::string smooth = g.node("Neg", {rsum(wv.empty() ? logp : g.node("Mul", {logp, wv}), true)});
+        per = g.node("Add", {g.node("Mul", {per, g.scalar(1.0 - eps, odt)}),
+                             g.node("Mul", {smooth, g.scalar(eps / static_cast<double>(c), odt)})});
+      }
+      per = g.node("Mul", {per, valid});
+      if (r == 0) {
+        g.node("Identity", {per}, out);
+      } else if (r == 2) {
+        g.node("ReduceSum", {per}, out, {attr_int("keepdims", 0)});
+      } else {
+        std::string wsum = rsum(g.node("Mul", {rsum(sel, true), valid}), false);
+        g.node("Div", {rsum(per, false), wsum}, out);
+      }
+      return;
+    }
+    case OpKind::BceWithLogits: {
+      const int64_t r = exporting::attr_int(n, "reduction");
+      if (r < 0 || r > 2) unsupported("reduction " + std::to_string(r));
+      std::string x = in_as(0, odt), y = in_as(1, odt);
+      size_t k = 2;
+      std::string w = exporting::attr_bool(n, "has_weight") ? in_as(k++, odt) : "";
+      std::string pw = exporting::attr_bool(n, "has_pos_weight") ? in_as(k++, odt) : "";
+      // (1 - y) x + lw (log(1 + exp(-|x|)) + relu(-x)), lw = (pos_weight - 1) y + 1
+      std::string sp = g.node("Add", {g.node("Log", {g.node("Add", {g.node("Exp", {g.node("Neg", {g.node("Abs", {x})})}),
+                                                                   g.scalar(1.0, odt)})}),
+                                      g.node("Relu", {g.node("Neg", {x})})});
+      if (!pw.empty())
+        sp = g.node("Mul", {g.node("Add", {g.node("Mul", {g.node("Sub", {pw, g.scalar(1.0, odt)}), y}),
+                                           g.scalar(1.0, odt)}),
+                            sp});
+      std::string per = g.node("Add", {g.node("Mul", {g.node("Sub", {g.scalar(1.0, odt), y}), x}), sp});
+      if (!w.empty()) per = g.node("Mul", {per, w});
+      if (r == 0) g.node("Identity", {per}, out);
+      else g.node(r == 1 ? "ReduceMean" : "ReduceSum", {per}, out, {attr_int("keepdims", 0)});
+      return;
+    }
   }
   unsupported("no ONNX lowering for this op");
 }

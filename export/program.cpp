@@ -11,6 +11,8 @@
 #include <tapegrad/core/ops.h>
 #include <tapegrad/export/export.h>
 #include <tapegrad/nn/loss.h>
+// ---- issue 15: classification losses
+#include <tapegrad/nn/classification.h>
 
 namespace tg::exporting {
 
@@ -50,6 +52,13 @@ const OpSchema& op_schema(OpKind op) {
   static const OpSchema kTo{1, {{"dtype", T::DType}}};
   static const OpSchema kLinear{3, {}, 1};  // x, weight[, bias]
   static const OpSchema kMseLoss{2, {{"reduction", T::Int}}};
+  // ---- issue 15: softmax and classification losses
+  static const OpSchema kLogSumExp{1, {{"dims", T::Ints}, {"keepdim", T::Bool}}};
+  static const OpSchema kCrossEntropy{
+      3, {{"reduction", T::Int}, {"ignore_index", T::Int}, {"label_smoothing", T::Scalar}}, 1};  // [, weight]
+  static const OpSchema kNllLoss{3, {{"reduction", T::Int}, {"ignore_index", T::Int}}, 1};   // [, weight]
+  static const OpSchema kBceWithLogits{
+      4, {{"reduction", T::Int}, {"has_weight", T::Bool}, {"has_pos_weight", T::Bool}}, 2};  // [, weight][, pos_weight]
   switch (op) {  // no default: a new op in TG_FORALL_OPS is a -Wswitch warning here
     case OpKind::Add:
     case OpKind::Sub: return kAlpha;
@@ -113,6 +122,13 @@ const OpSchema& op_schema(OpKind op) {
     case OpKind::IndexSelect: return kIndexSelect;
     case OpKind::Cat: return kCat;
     case OpKind::To: return kTo;
+    // ---- issue 15: softmax and classification losses
+    case OpKind::Softmax:
+    case OpKind::LogSoftmax: return kDim;
+    case OpKind::LogSumExp: return kLogSumExp;
+    case OpKind::CrossEntropy: return kCrossEntropy;
+    case OpKind::NllLoss: return kNllLoss;
+    case OpKind::BceWithLogits: return kBceWithLogits;
   }
   TG_ERROR("export: no schema for op ", static_cast<int>(op));
 }
@@ -400,6 +416,30 @@ Tensor execute(const Node& n, const std::vector<Tensor>& in, DType out_dtype) {
     case OpKind::Contiguous: return a().contiguous();
     case OpKind::Clone: return a().clone();
     case OpKind::Alias: return a().detach();
+    // ---- issue 15: softmax and classification losses
+    case OpKind::Softmax: return softmax(a(), attr_int(n, "dim"));
+    case OpKind::LogSoftmax: return log_softmax(a(), attr_int(n, "dim"));
+    case OpKind::LogSumExp: return logsumexp(a(), dims_of(n), attr_bool(n, "keepdim"));
+    case OpKind::CrossEntropy:
+    case OpKind::NllLoss:
+    case OpKind::BceWithLogits: {
+      const int64_t r = attr_int(n, "reduction");
+      TG_CHECK(r >= 0 && r <= 2, "export: ", op_name(n.op), " reduction ", r, " is not 0 (none), 1 (mean) or 2 (sum)");
+      const char* red = r == 0 ? "none" : r == 1 ? "mean" : "sum";
+      if (n.op == OpKind::CrossEntropy)
+        return nn::functional::cross_entropy(
+            a(), b(), {.reduction = red, .ignore_index = attr_int(n, "ignore_index"),
+                       .label_smoothing = attr_scalar(n, "label_smoothing").to_double(),
+                       .weight = in.size() > 2 ? in[2] : Tensor()});
+      if (n.op == OpKind::NllLoss)
+        return nn::functional::nll_loss(
+            a(), b(), {.reduction = red, .ignore_index = attr_int(n, "ignore_index"),
+                       .weight = in.size() > 2 ? in[2] : Tensor()});
+      size_t k = 2;
+      Tensor w = attr_bool(n, "has_weight") ? in.at(k++) : Tensor();
+      Tensor pw = attr_bool(n, "has_pos_weight") ? in.at(k++) : Tensor();
+      return nn::functional::binary_cross_entropy_with_logits(a(), b(), {.reduction = red, .weight = w, .pos_weight = pw});
+    }
   }
   TG_ERROR("export: cannot execute op ", static_cast<int>(n.op));
 }

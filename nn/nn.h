@@ -7,3 +7,5 @@
 #include <tapegrad/nn/module.h>
 #include <tapegrad/nn/sequential.h>
 #include <tapegrad/nn/serialize.h>
+// ---- issue 15: classification losses, Softmax / LogSoftmax
+#include <tapegrad/nn/classification.h>

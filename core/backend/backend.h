@@ -217,6 +217,35 @@ class Backend {
   // Host memory that copies from this backend's devices land in at full speed (CUDA: pinned, from
   // the caching host allocator); the CPU's own allocator elsewhere.
   virtual DataPtr host_staging(size_t nbytes);
+  // ---- issue 15: softmax and cross_entropy
+  // Softmax (log_softmax when `log`) over the last dim of a contiguous [rows, cols] input into out
+  // (contiguous, in's shape and dtype), cols >= 1. Float accumulation for float16 / bfloat16.
+  virtual void softmax(const Tensor& out, const Tensor& in, bool log);
+  // Its backward from the output y and the incoming gradient g (all contiguous, one shape and dtype):
+  // grad_in = y * (g - sum(g * y)) for softmax, g - exp(y) * sum(g) for log_softmax (sums per row).
+  virtual void softmax_backward(const Tensor& grad_in, const Tensor& grad, const Tensor& out, bool log);
+  // cross_entropy over class indices on [N, C] logits (contiguous, floating, C >= 1); target: [N]
+  // contiguous int64; weight: [C] contiguous of the accumulation dtype (float32, float64 for float64
+  // logits) or undefined; weight_sum: 0-d accumulation dtype, sum(weight), defined with weight.
+  // With eps = label_smoothing and w = weight (1 without one), row i's loss is
+  //   (1 - eps) w[t] (lse - x[t]) + eps / C * sum_j w[j] (lse - x[j])  (0 when t == ignore_index).
+  struct CrossEntropyArgs {
+    Tensor logits, target, weight, weight_sum;
+    int64_t ignore_index = -100;
+    double label_smoothing = 0.0;
+  };
+  // Writes, per row, loss[i], lse[i] and wt[i] = w[t] (0 when ignored): all [N] contiguous of the
+  // accumulation dtype. A target out of [0, C) and not ignore_index makes the row's loss NaN. When
+  // grad_logits is defined ([N, C], logits' dtype, contiguous), the same pass also writes the
+  // gradient of sum_i loss_i / denom (denom: 0-d accumulation dtype, or undefined for 1), i.e. the
+  // backward for an upstream gradient of 1, reading each row from DRAM once.
+  virtual void cross_entropy(const CrossEntropyArgs& args, const Tensor& loss, const Tensor& lse, const Tensor& wt,
+                             const Tensor& grad_logits, const Tensor& denom);
+  // grad_logits ([N, C], logits' dtype, contiguous) = s_i * d loss_i / d x_ij in one pass from the
+  // logits and the saved lse, s_i = grad[i or 0] / (denom ? denom[0] : 1); grad: [N] (reduction
+  // none) or 0-d; denom: 0-d or undefined; both of the accumulation dtype.
+  virtual void cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& grad_logits, const Tensor& lse,
+                                      const Tensor& grad, const Tensor& denom);
 };
 inline constexpr int kMaxAddN = 32;
 inline constexpr int kMaxGatherRows = 8;

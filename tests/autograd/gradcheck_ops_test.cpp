@@ -125,6 +125,37 @@ std::vector<OpCase> cases() {
   add("matmul_broadcast_batch", {N({3, 1, 2, 4}), N({5, 4, 3})},
       [](const Inputs& v) { return tg::matmul(v[0], v[1]); });
   add("matmul_batched_2d", {N({2, 3, 4}), N({4, 5})}, [](const Inputs& v) { return tg::matmul(v[0], v[1]); });
+  // ---- issue 15: softmax and classification losses
+  add("softmax_last", {N({3, 5})}, [](const Inputs& v) { return tg::softmax(v[0], -1); });
+  add("softmax_dim0", {N({3, 4, 2})}, [](const Inputs& v) { return tg::softmax(v[0], 0); });
+  add("softmax_transposed", {N({4, 3})}, [](const Inputs& v) { return tg::softmax(v[0].t(), 1); });
+  add("log_softmax_last", {N({3, 5})}, [](const Inputs& v) { return tg::log_softmax(v[0], 1); });
+  add("log_softmax_dim1", {N({2, 3, 4})}, [](const Inputs& v) { return tg::log_softmax(v[0], 1); });
+  add("logsumexp", {N({3, 4})}, [](const Inputs& v) { return tg::logsumexp(v[0], {1}); });
+  add("logsumexp_keepdim", {N({2, 3, 4})}, [](const Inputs& v) { return tg::logsumexp(v[0], {0, 2}, true); });
+  add("cross_entropy", {N({4, 5}), I({1, 0, 4, 2})},
+      [](const Inputs& v) { return nn::functional::cross_entropy(v[0], v[1]); });
+  // weights are constants (not differentiated, as in PyTorch)
+  auto cw = [](const Tensor& like, std::vector<double> w) {
+    return tg::tensor<double>(w, TensorOptions(kFloat64).device(like.device()));
+  };
+  add("cross_entropy_smooth_weight_ignore", {N({4, 5}), I({1, -100, 4, 2})}, [cw](const Inputs& v) {
+    return nn::functional::cross_entropy(
+        v[0], v[1], {.reduction = "sum", .label_smoothing = 0.2, .weight = cw(v[0], {0.5, 1.0, 2.0, 1.5, 0.25})});
+  });
+  add("cross_entropy_none_nd", {N({2, 3, 2}), I({0, 2, 1, 1})}, [](const Inputs& v) {
+    return nn::functional::cross_entropy(v[0], v[1].reshape({2, 2}), {.reduction = "none"});
+  });
+  add("cross_entropy_prob", {N({3, 4}), P({3, 4})}, [](const Inputs& v) {
+    return nn::functional::cross_entropy(v[0], v[1], {.label_smoothing = 0.1});
+  });
+  add("nll_loss", {N({4, 3}), I({2, 0, 1, 1})}, [cw](const Inputs& v) {
+    return nn::functional::nll_loss(v[0], v[1], {.weight = cw(v[0], {0.5, 2.0, 1.5})});
+  });
+  add("bce_with_logits", {N({3, 4}), P({3, 4})}, [cw](const Inputs& v) {
+    return nn::functional::binary_cross_entropy_with_logits(v[0], v[1] - 0.5,
+                                                            {.pos_weight = cw(v[0], {0.5, 2.0, 1.0, 3.0})});
+  });
   return c;
 }
 

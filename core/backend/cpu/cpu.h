@@ -47,6 +47,14 @@ void mse_loss(const Tensor& out, const Tensor& input, const Tensor& target, back
 void mse_loss_backward(const Tensor& grad_input, const Tensor& grad_target, const Tensor& grad, const Tensor& input,
                        const Tensor& target, backend::LossReduction r);
 
+// ---- issue 15: softmax and cross_entropy (softmax.cpp)
+void softmax(const Tensor& out, const Tensor& in, bool log);
+void softmax_backward(const Tensor& grad_in, const Tensor& grad, const Tensor& out, bool log);
+void cross_entropy(const backend::Backend::CrossEntropyArgs& args, const Tensor& loss, const Tensor& lse,
+                   const Tensor& wt, const Tensor& grad_logits, const Tensor& denom);
+void cross_entropy_backward(const backend::Backend::CrossEntropyArgs& args, const Tensor& grad_logits,
+                            const Tensor& lse, const Tensor& grad, const Tensor& denom);
+
 // Name of an elementwise op for error messages.
 const char* op_name(backend::ElemOp op);
 

@@ -66,6 +66,19 @@ class CpuBackend final : public backend::Backend {
                          const Tensor& target, backend::LossReduction r) override {
     cpu::mse_loss_backward(grad_input, grad_target, grad, input, target, r);
   }
+  // ---- issue 15: softmax and cross_entropy
+  void softmax(const Tensor& out, const Tensor& in, bool log) override { cpu::softmax(out, in, log); }
+  void softmax_backward(const Tensor& grad_in, const Tensor& grad, const Tensor& out, bool log) override {
+    cpu::softmax_backward(grad_in, grad, out, log);
+  }
+  void cross_entropy(const CrossEntropyArgs& args, const Tensor& loss, const Tensor& lse, const Tensor& wt,
+                     const Tensor& grad_logits, const Tensor& denom) override {
+    cpu::cross_entropy(args, loss, lse, wt, grad_logits, denom);
+  }
+  void cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& grad_logits, const Tensor& lse,
+                              const Tensor& grad, const Tensor& denom) override {
+    cpu::cross_entropy_backward(args, grad_logits, lse, grad, denom);
+  }
 };
 
 }  // namespace

@@ -104,6 +104,29 @@ class CudaBackend final : public Backend {
     cuda::detail::DeviceGuard guard(device_of(x));
     cuda::kern::linear_grad_weight_bias(gw, gb, g, x);
   }
+  // ---- issue 15: softmax and cross_entropy
+  void softmax(const Tensor& out, const Tensor& in, bool log) override {
+    if (in.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(in));
+    cuda::kern::softmax(out, in, log);
+  }
+  void softmax_backward(const Tensor& grad_in, const Tensor& grad, const Tensor& out, bool log) override {
+    if (out.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(out));
+    cuda::kern::softmax_backward(grad_in, grad, out, log);
+  }
+  void cross_entropy(const CrossEntropyArgs& args, const Tensor& loss, const Tensor& lse, const Tensor& wt,
+                     const Tensor& grad_logits, const Tensor& denom) override {
+    if (args.logits.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(args.logits));
+    cuda::kern::cross_entropy(args, loss, lse, wt, grad_logits, denom);
+  }
+  void cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& grad_logits, const Tensor& lse,
+                              const Tensor& grad, const Tensor& denom) override {
+    if (args.logits.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(args.logits));
+    cuda::kern::cross_entropy_backward(args, grad_logits, lse, grad, denom);
+  }
 };
 
 }  // namespace

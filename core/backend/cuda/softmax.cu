@@ -1,0 +1,504 @@
+// CUDA softmax / log_softmax (forward and backward) over contiguous rows, and cross_entropy over
+// class indices. Hand-written because no library call fits: cuDNN's softmax has no fused
+// cross-entropy, and what pays here is the fusion itself. The forward makes one online pass over
+// a row for its max and sum of exponentials (the second read, to write, comes from L1/L2), the
+// backward one kernel; cross_entropy's forward writes per-row loss and logsumexp and, when asked,
+// the gradient (softmax - smoothed one-hot) * scale in the same pass, so the probabilities are
+// never materialised. Rows of up to 1024 elements go one warp per row (4 rows per block), longer
+// rows one block per row; 16-byte vector loads when rows are aligned; float accumulation for
+// float16 / bfloat16 (double for float64).
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include <tapegrad/core/backend/cuda/kernels.cuh>
+#include <tapegrad/core/backend/cuda/loops.cuh>
+
+namespace tg::cuda::kern {
+namespace {
+
+using CeArgs = backend::Backend::CrossEntropyArgs;
+
+template <class T>
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <class T, int V>
+struct alignas(16) Pack {
+  T v[V];
+};
+
+constexpr int kWarpRowMax = 1024;  // rows up to this many elements: one warp each
+constexpr int kRowsPerWarpBlock = 4;
+
+template <class A>
+__device__ __forceinline__ A neg_inf() {
+  return -std::numeric_limits<A>::infinity();
+}
+__device__ __forceinline__ float ex(float v) { return expf(v); }
+__device__ __forceinline__ double ex(double v) { return exp(v); }
+__device__ __forceinline__ float lg(float v) { return logf(v); }
+__device__ __forceinline__ double lg(double v) { return log(v); }
+
+// (m, s) <- (m, s) + (m2, s2) for running max m and sum s of exp(x - m).
+template <class A>
+__device__ __forceinline__ void ms_combine(A& m, A& s, A m2, A s2) {
+  if (m2 == neg_inf<A>()) return;
+  if (m == neg_inf<A>()) {
+    m = m2;
+    s = s2;
+  } else if (m2 > m) {
+    s = s * ex(m - m2) + s2;
+    m = m2;
+  } else {
+    s += s2 * ex(m2 - m);
+  }
+}
+
+template <class A>
+__device__ __forceinline__ A warp_sum(A v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <class A>
+__device__ __forceinline__ void warp_ms(A& m, A& s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const A m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const A s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    ms_combine(m, s, m2, s2);
+  }
+}
+
+// Row-wide reductions: within the warp (kWarpRow) or across the block; every thread gets the result.
+template <bool kWarpRow, class A>
+__device__ __forceinline__ A row_sum(A v) {
+  v = warp_sum(v);
+  if constexpr (kWarpRow) {
+    return v;
+  } else {
+    __shared__ A sh[32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();  // the previous use of sh is over
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : A(0);
+    return warp_sum(v);
+  }
+}
+template <bool kWarpRow, class A>
+__device__ __forceinline__ void row_ms(A& m, A& s) {
+  warp_ms(m, s);
+  if constexpr (!kWarpRow) {
+    __shared__ A shm[32], shs[32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) {
+      shm[w] = m;
+      shs[w] = s;
+    }
+    __syncthreads();
+    m = lane < nw ? shm[lane] : neg_inf<A>();
+    s = lane < nw ? shs[lane] : A(0);
+    warp_ms(m, s);
+  }
+}
+
+// This thread's place in its row: (row, first vector, vector stride).
+template <bool kWarpRow>
+__device__ __forceinline__ void row_coords(int64_t& row, int& tid, int& nt) {
+  if constexpr (kWarpRow) {
+    row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+    tid = threadIdx.x;
+    nt = 32;
+  } else {
+    row = blockIdx.x;
+    tid = threadIdx.x;
+    nt = blockDim.x;
+  }
+}
+
+// Calls f(j, value) for this thread's elements of a row (16-byte packs when V > 1: cols % V == 0
+// and the row aligned, checked by the launcher).
+template <class T, int V, class F>
+__device__ __forceinline__ void for_row(const T* r, int64_t cols, int tid, int nt, F&& f) {
+  using A = acc_t<T>;
+  if constexpr (V > 1) {
+    const auto* p = reinterpret_cast<const Pack<T, V>*>(r);
+    for (int64_t k = tid; k < cols / V; k += nt) {
+      const Pack<T, V> pk = p[k];
+#pragma unroll
+      for (int e = 0; e < V; ++e) f(k * V + e, cast<A>(pk.v[e]));
+    }
+  } else {
+    for (int64_t j = tid; j < cols; j += nt) f(j, cast<A>(r[j]));
+  }
+}
+
+// Online max / sum of exp over this thread's elements, a pack at a time.
+template <class T, int V>
+__device__ __forceinline__ void thread_ms(const T* r, int64_t cols, int tid, int nt, acc_t<T>& m, acc_t<T>& s) {
+  using A = acc_t<T>;
+  m = neg_inf<A>();
+  s = 0;
+  if constexpr (V > 1) {
+    const auto* p = reinterpret_cast<const Pack<T, V>*>(r);
+    for (int64_t k = tid; k < cols / V; k += nt) {
+      const Pack<T, V> pk = p[k];
+      A v[V];
+      A vm = neg_inf<A>();
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        v[e] = cast<A>(pk.v[e]);
+        vm = v[e] > vm ? v[e] : vm;
+      }
+      if (vm > m) {
+        s = m == neg_inf<A>() ? A(0) : s * ex(m - vm);
+        m = vm;
+      }
+      if (m != neg_inf<A>()) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) s += ex(v[e] - m);
+      }
+    }
+  } else {
+    for (int64_t j = tid; j < cols; j += nt) {
+      const A v = cast<A>(r[j]);
+      if (v > m) {
+        s = m == neg_inf<A>() ? A(0) : s * ex(m - v);
+        m = v;
+      }
+      if (m != neg_inf<A>()) s += ex(v - m);
+    }
+  }
+}
+
+// Writes out[j] = f(j, in[j]) over this thread's elements of a row.
+template <class T, int V, class F>
+__device__ __forceinline__ void map_row(const T* in, T* out, int64_t cols, int tid, int nt, F&& f) {
+  using A = acc_t<T>;
+  if constexpr (V > 1) {
+    const auto* p = reinterpret_cast<const Pack<T, V>*>(in);
+    auto* q = reinterpret_cast<Pack<T, V>*>(out);
+    for (int64_t k = tid; k < cols / V; k += nt) {
+      const Pack<T, V> pk = p[k];
+      Pack<T, V> o;
+#pragma unroll
+      for (int e = 0; e < V; ++e) o.v[e] = cast<T>(f(k * V + e, cast<A>(pk.v[e])));
+      q[k] = o;
+    }
+  } else {
+    for (int64_t j = tid; j < cols; j += nt) out[j] = cast<T>(f(j, cast<A>(in[j])));
+  }
+}
+
+template <class T, int V, bool kWarpRow, bool kLog>
+__global__ void softmax_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t cols) {
+  using A = acc_t<T>;
+  int64_t row;
+  int tid, nt;
+  row_coords<kWarpRow>(row, tid, nt);
+  if (row >= rows) return;  // whole warps (kWarpRow) or the whole block leave together
+  const T* xr = x + row * cols;
+  A m, s;
+  thread_ms<T, V>(xr, cols, tid, nt, m, s);
+  row_ms<kWarpRow>(m, s);
+  if constexpr (kLog) {
+    const A lse = m + lg(s);
+    map_row<T, V>(xr, y + row * cols, cols, tid, nt, [=](int64_t, A v) { return v - lse; });
+  } else {
+    const A inv = A(1) / s;
+    map_row<T, V>(xr, y + row * cols, cols, tid, nt, [=](int64_t, A v) { return ex(v - m) * inv; });
+  }
+}
+
+// Two inputs, one output, row-wise: the backward's shapes.
+template <class T, int V, class F>
+__device__ __forceinline__ void map_row2(const T* a, const T* b, T* out, int64_t cols, int tid, int nt, F&& f) {
+  using A = acc_t<T>;
+  if constexpr (V > 1) {
+    const auto* pa = reinterpret_cast<const Pack<T, V>*>(a);
+    const auto* pb = reinterpret_cast<const Pack<T, V>*>(b);
+    auto* q = reinterpret_cast<Pack<T, V>*>(out);
+    for (int64_t k = tid; k < cols / V; k += nt) {
+      const Pack<T, V> ka = pa[k], kb = pb[k];
+      Pack<T, V> o;
+#pragma unroll
+      for (int e = 0; e < V; ++e) o.v[e] = cast<T>(f(cast<A>(ka.v[e]), cast<A>(kb.v[e])));
+      q[k] = o;
+    }
+  } else {
+    for (int64_t j = tid; j < cols; j += nt) out[j] = cast<T>(f(cast<A>(a[j]), cast<A>(b[j])));
+  }
+}
+
+template <class T, int V, bool kWarpRow, bool kLog>
+__global__ void softmax_bwd_kernel(const T* __restrict__ g, const T* __restrict__ y, T* __restrict__ gi, int64_t rows,
+                                   int64_t cols) {
+  using A = acc_t<T>;
+  int64_t row;
+  int tid, nt;
+  row_coords<kWarpRow>(row, tid, nt);
+  if (row >= rows) return;
+  const T* gr = g + row * cols;
+  const T* yr = y + row * cols;
+  A dot = 0;
+  if constexpr (V > 1) {
+    const auto* pg = reinterpret_cast<const Pack<T, V>*>(gr);
+    const auto* py = reinterpret_cast<const Pack<T, V>*>(yr);
+    for (int64_t k = tid; k < cols / V; k += nt) {
+      const Pack<T, V> kg = pg[k];
+      Pack<T, V> ky;
+      if constexpr (!kLog) ky = py[k];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        if constexpr (kLog)
+          dot += cast<A>(kg.v[e]);
+        else
+          dot += cast<A>(kg.v[e]) * cast<A>(ky.v[e]);
+      }
+    }
+  } else {
+    for (int64_t j = tid; j < cols; j += nt) dot += kLog ? cast<A>(gr[j]) : cast<A>(gr[j]) * cast<A>(yr[j]);
+  }
+  dot = row_sum<kWarpRow>(dot);
+  if constexpr (kLog)
+    map_row2<T, V>(gr, yr, gi + row * cols, cols, tid, nt, [=](A gv, A yv) { return gv - ex(yv) * dot; });
+  else
+    map_row2<T, V>(gr, yr, gi + row * cols, cols, tid, nt, [=](A gv, A yv) { return yv * (gv - dot); });
+}
+
+// ---- cross_entropy
+template <class A>
+struct CeParams {
+  const int64_t* target;
+  const A* weight;     // [C] or null
+  const A* weight_sum;  // 0-d or null
+  int64_t ignore_index;
+  A eps;
+};
+
+// d loss_i / d x_ij * s for one row, from its logsumexp (s = 0 for an ignored row).
+template <class T, int V, class A>
+__device__ __forceinline__ void ce_grad_row(const T* xr, T* gr, int64_t cols, int tid, int nt, const CeParams<A>& p,
+                                            int64_t t, A lse, A s) {
+  const bool bad = t != p.ignore_index && (t < 0 || t >= cols);
+  if (t == p.ignore_index || bad) {
+    const A fill = bad ? std::numeric_limits<A>::quiet_NaN() : A(0);
+    map_row<T, V>(xr, gr, cols, tid, nt, [=](int64_t, A) { return fill; });
+    return;
+  }
+  const A c = static_cast<A>(cols);
+  const A w_t = p.weight ? p.weight[t] : A(1);
+  const A wsum = p.weight ? *p.weight_sum : c;
+  const A pcoef = s * ((A(1) - p.eps) * w_t + p.eps * wsum / c);
+  const A onehot = s * (A(1) - p.eps) * w_t;
+  const A smooth = s * p.eps / c;
+  const A* w = p.weight;
+  map_row<T, V>(xr, gr, cols, tid, nt, [=](int64_t j, A v) {
+    A r = pcoef * ex(v - lse) - smooth * (w ? w[j] : A(1));
+    return j == t ? r - onehot : r;
+  });
+}
+
+template <class T, int V, bool kWarpRow, bool kGrad>
+__global__ void ce_fwd_kernel(const T* __restrict__ x, CeParams<acc_t<T>> p, acc_t<T>* loss, acc_t<T>* lse_out,
+                              acc_t<T>* wt_out, T* __restrict__ gx, const acc_t<T>* denom, int64_t rows,
+                              int64_t cols) {
+  using A = acc_t<T>;
+  int64_t row;
+  int tid, nt;
+  row_coords<kWarpRow>(row, tid, nt);
+  if (row >= rows) return;
+  const T* xr = x + row * cols;
+  A m, s;
+  thread_ms<T, V>(xr, cols, tid, nt, m, s);
+  A wx = 0;  // sum_j w_j x_j, for label smoothing (L1-hot: the row was just read)
+  if (p.eps > A(0)) {
+    const A* w = p.weight;
+    for_row<T, V>(xr, cols, tid, nt, [&](int64_t j, A v) { wx += (w ? w[j] : A(1)) * v; });
+  }
+  row_ms<kWarpRow>(m, s);
+  if (p.eps > A(0)) wx = row_sum<kWarpRow>(wx);
+  const A lse = m + lg(s);
+  const int64_t t = p.target[row];
+  const bool ignored = t == p.ignore_index;
+  const bool bad = !ignored && (t < 0 || t >= cols);
+  if (tid == 0) {
+    lse_out[row] = lse;
+    A l = 0, wt = 0;
+    if (bad) {
+      l = wt = std::numeric_limits<A>::quiet_NaN();
+    } else if (!ignored) {
+      wt = p.weight ? p.weight[t] : A(1);
+      l = (A(1) - p.eps) * wt * (lse - cast<A>(xr[t]));
+      if (p.eps > A(0)) {
+        const A wsum = p.weight ? *p.weight_sum : static_cast<A>(cols);
+        l += p.eps / static_cast<A>(cols) * (wsum * lse - wx);
+      }
+    }
+    loss[row] = l;
+    wt_out[row] = wt;
+  }
+  if constexpr (kGrad) {
+    const A sc = denom ? A(1) / *denom : A(1);
+    ce_grad_row<T, V>(xr, gx + row * cols, cols, tid, nt, p, t, lse, sc);
+  }
+}
+
+template <class T, int V, bool kWarpRow>
+__global__ void ce_bwd_kernel(const T* __restrict__ x, CeParams<acc_t<T>> p, const acc_t<T>* lse,
+                              const acc_t<T>* grad, bool per_row, const acc_t<T>* denom, T* __restrict__ gx,
+                              int64_t rows, int64_t cols) {
+  using A = acc_t<T>;
+  int64_t row;
+  int tid, nt;
+  row_coords<kWarpRow>(row, tid, nt);
+  if (row >= rows) return;
+  const A sc = grad[per_row ? row : 0] / (denom ? *denom : A(1));
+  ce_grad_row<T, V>(x + row * cols, gx + row * cols, cols, tid, nt, p, p.target[row], lse[row], sc);
+}
+
+// ---- launch helpers
+int row_threads(int64_t cols, int v) {
+  const int64_t packs = (cols + v - 1) / v;
+  int64_t t = ((packs + 3) / 4 + 31) / 32 * 32;  // about 4 packs per thread
+  return static_cast<int>(t < 128 ? 128 : t > 1024 ? 1024 : t);
+}
+
+template <class T>
+bool aligned_rows(int64_t cols, std::initializer_list<const void*> ptrs) {
+  constexpr int V = 16 / sizeof(T);
+  if (V <= 1 || cols % V != 0) return false;
+  for (const void* p : ptrs)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+// Launches kernel<V, kWarpRow> for (rows, cols) with the vector width and geometry chosen here.
+template <class T, class L>
+void launch_rows(int64_t rows, int64_t cols, bool vec, int device, L&& launch) {
+  constexpr int V = 16 / sizeof(T) > 1 ? 16 / sizeof(T) : 1;
+  cudaStream_t stream = detail::current_stream_handle(device);
+  if (cols <= kWarpRowMax) {
+    const dim3 block(32, kRowsPerWarpBlock);
+    const dim3 grid(static_cast<unsigned>((rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock));
+    if (vec)
+      launch(std::integral_constant<int, V>{}, std::true_type{}, grid, block, stream);
+    else
+      launch(std::integral_constant<int, 1>{}, std::true_type{}, grid, block, stream);
+  } else {
+    const dim3 block(row_threads(cols, vec ? V : 1));
+    const dim3 grid(static_cast<unsigned>(rows));
+    if (vec)
+      launch(std::integral_constant<int, V>{}, std::false_type{}, grid, block, stream);
+    else
+      launch(std::integral_constant<int, 1>{}, std::false_type{}, grid, block, stream);
+  }
+  TG_CUDA_CHECK_LAUNCH();
+}
+
+template <class A>
+CeParams<A> ce_params(const CeArgs& a) {
+  CeParams<A> p;
+  p.target = static_cast<const int64_t*>(a.target.data_ptr());
+  p.weight = a.weight.defined() ? static_cast<const A*>(a.weight.data_ptr()) : nullptr;
+  p.weight_sum = a.weight_sum.defined() ? static_cast<const A*>(a.weight_sum.data_ptr()) : nullptr;
+  p.ignore_index = a.ignore_index;
+  p.eps = static_cast<A>(a.label_smoothing);
+  return p;
+}
+
+}  // namespace
+
+void softmax(const Tensor& out, const Tensor& in, bool log) {
+  const int64_t cols = in.dim() == 0 ? 1 : in.size(-1);
+  const int64_t rows = in.numel() / cols;
+  const int device = in.device().index();
+  dispatch<kFloats>(in.dtype(), log ? "log_softmax" : "softmax", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = static_cast<const T*>(in.data_ptr());
+    T* y = static_cast<T*>(out.data_ptr());
+    const bool vec = aligned_rows<T>(cols, {x, y});
+    launch_rows<T>(rows, cols, vec, device, [&](auto v, auto warp, dim3 grid, dim3 block, cudaStream_t st) {
+      constexpr int V = decltype(v)::value;
+      constexpr bool W = decltype(warp)::value;
+      if (log)
+        softmax_fwd_kernel<T, V, W, true><<<grid, block, 0, st>>>(x, y, rows, cols);
+      else
+        softmax_fwd_kernel<T, V, W, false><<<grid, block, 0, st>>>(x, y, rows, cols);
+    });
+  });
+}
+
+void softmax_backward(const Tensor& grad_in, const Tensor& grad, const Tensor& out, bool log) {
+  const int64_t cols = out.dim() == 0 ? 1 : out.size(-1);
+  const int64_t rows = out.numel() / cols;
+  const int device = out.device().index();
+  dispatch<kFloats>(out.dtype(), log ? "log_softmax_backward" : "softmax_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* g = static_cast<const T*>(grad.data_ptr());
+    const T* y = static_cast<const T*>(out.data_ptr());
+    T* gi = static_cast<T*>(grad_in.data_ptr());
+    const bool vec = aligned_rows<T>(cols, {g, y, gi});
+    launch_rows<T>(rows, cols, vec, device, [&](auto v, auto warp, dim3 grid, dim3 block, cudaStream_t st) {
+      constexpr int V = decltype(v)::value;
+      constexpr bool W = decltype(warp)::value;
+      if (log)
+        softmax_bwd_kernel<T, V, W, true><<<grid, block, 0, st>>>(g, y, gi, rows, cols);
+      else
+        softmax_bwd_kernel<T, V, W, false><<<grid, block, 0, st>>>(g, y, gi, rows, cols);
+    });
+  });
+}
+
+void cross_entropy(const CeArgs& a, const Tensor& loss, const Tensor& lse, const Tensor& wt, const Tensor& grad_logits,
+                   const Tensor& denom) {
+  const int64_t rows = a.logits.size(0), cols = a.logits.size(1);
+  const int device = a.logits.device().index();
+  dispatch<kFloats>(a.logits.dtype(), "cross_entropy", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    const T* x = static_cast<const T*>(a.logits.data_ptr());
+    T* gx = grad_logits.defined() ? static_cast<T*>(grad_logits.data_ptr()) : nullptr;
+    const A* dn = denom.defined() ? static_cast<const A*>(denom.data_ptr()) : nullptr;
+    A* l = static_cast<A*>(loss.data_ptr());
+    A* ls = static_cast<A*>(lse.data_ptr());
+    A* w = static_cast<A*>(wt.data_ptr());
+    const CeParams<A> p = ce_params<A>(a);
+    const bool vec = aligned_rows<T>(cols, {x, gx});
+    launch_rows<T>(rows, cols, vec, device, [&](auto v, auto warp, dim3 grid, dim3 block, cudaStream_t st) {
+      constexpr int V = decltype(v)::value;
+      constexpr bool W = decltype(warp)::value;
+      if (gx)
+        ce_fwd_kernel<T, V, W, true><<<grid, block, 0, st>>>(x, p, l, ls, w, gx, dn, rows, cols);
+      else
+        ce_fwd_kernel<T, V, W, false><<<grid, block, 0, st>>>(x, p, l, ls, w, gx, dn, rows, cols);
+    });
+  });
+}
+
+void cross_entropy_backward(const CeArgs& a, const Tensor& grad_logits, const Tensor& lse, const Tensor& grad,
+                            const Tensor& denom) {
+  const int64_t rows = a.logits.size(0), cols = a.logits.size(1);
+  const int device = a.logits.device().index();
+  dispatch<kFloats>(a.logits.dtype(), "cross_entropy_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    const T* x = static_cast<const T*>(a.logits.data_ptr());
+    T* gx = static_cast<T*>(grad_logits.data_ptr());
+    const A* dn = denom.defined() ? static_cast<const A*>(denom.data_ptr()) : nullptr;
+    const A* ls = static_cast<const A*>(lse.data_ptr());
+    const A* g = static_cast<const A*>(grad.data_ptr());
+    const bool per_row = grad.dim() > 0;
+    const CeParams<A> p = ce_params<A>(a);
+    const bool vec = aligned_rows<T>(cols, {x, gx});
+    launch_rows<T>(rows, cols, vec, device, [&](auto v, auto warp, dim3 grid, dim3 block, cudaStream_t st) {
+      constexpr int V = decltype(v)::value;
+      constexpr bool W = decltype(warp)::value;
+      ce_bwd_kernel<T, V, W><<<grid, block, 0, st>>>(x, p, ls, g, per_row, dn, gx, rows, cols);
+    });
+  });
+}
+
+}  // namespace tg::cuda::kern
