@@ -22,7 +22,10 @@ DLDataType to_dl_dtype(DType t) {
     case DType::Float64: return DLDataType{kDLFloat, bits, 1};
     case DType::BFloat16: return DLDataType{kDLBfloat, bits, 1};
     case DType::Int64:
-    case DType::Int32: return DLDataType{kDLInt, bits, 1};
+    case DType::Int32:
+    case DType::Int16:
+    case DType::Int8: return DLDataType{kDLInt, bits, 1};
+    case DType::UInt8: return DLDataType{kDLUInt, 8, 1};
     case DType::Bool: return DLDataType{kDLBool, 8, 1};
   }
   TG_ERROR("to_dlpack: unknown dtype");
@@ -46,8 +49,13 @@ std::string from_dl_dtype(DLDataType d, DType* out) {
       if (d.bits == 16) return ok(kBFloat16);
       break;
     case kDLInt:
+      if (d.bits == 8) return ok(kInt8);
+      if (d.bits == 16) return ok(kInt16);
       if (d.bits == 32) return ok(kInt32);
       if (d.bits == 64) return ok(kInt64);
+      break;
+    case kDLUInt:
+      if (d.bits == 8) return ok(kUInt8);
       break;
     case kDLBool:
       if (d.bits == 8) return ok(kBool);
@@ -57,7 +65,7 @@ std::string from_dl_dtype(DLDataType d, DType* out) {
   static const char* const kCodeNames[] = {"int", "uint", "float", "opaque handle", "bfloat", "complex", "bool"};
   const char* name = d.code < 7 ? kCodeNames[d.code] : "unknown code";
   return detail::str_cat("dtype (code ", int{d.code}, " = ", name, ", bits ", int{d.bits},
-                         ") has no tapegrad equivalent (float16/32/64, bfloat16, int32/64, bool)");
+                         ") has no tapegrad equivalent (float16/32/64, bfloat16, int8/16/32/64, uint8, bool)");
 }
 
 std::string from_dl_device(DLDevice d, Device* out) {

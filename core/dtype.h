@@ -16,14 +16,17 @@ namespace tg {
   _(double, Float64, "F64")     \
   _(int64_t, Int64, "I64")      \
   _(int32_t, Int32, "I32")      \
-  _(bool, Bool, "BOOL")
+  _(bool, Bool, "BOOL")          \
+  _(uint8_t, UInt8, "U8")         \
+  _(int8_t, Int8, "I8")           \
+  _(int16_t, Int16, "I16")
 
 enum class DType : int8_t {
 #define TG_DTYPE_ENUM(T, name, st) name,
   TG_FORALL_DTYPES(TG_DTYPE_ENUM)
 #undef TG_DTYPE_ENUM
 };
-inline constexpr int kNumDTypes = 7;
+inline constexpr int kNumDTypes = 10;
 
 inline constexpr DType kFloat32 = DType::Float32;
 inline constexpr DType kFloat = DType::Float32;
@@ -37,6 +40,12 @@ inline constexpr DType kLong = DType::Int64;
 inline constexpr DType kInt32 = DType::Int32;
 inline constexpr DType kInt = DType::Int32;
 inline constexpr DType kBool = DType::Bool;
+inline constexpr DType kUInt8 = DType::UInt8;
+inline constexpr DType kByte = DType::UInt8;
+inline constexpr DType kInt8 = DType::Int8;
+inline constexpr DType kChar = DType::Int8;
+inline constexpr DType kInt16 = DType::Int16;
+inline constexpr DType kShort = DType::Int16;
 
 constexpr size_t element_size(DType t) {
   switch (t) {
@@ -47,6 +56,9 @@ constexpr size_t element_size(DType t) {
     case DType::Int64: return 8;
     case DType::Int32: return 4;
     case DType::Bool: return 1;
+    case DType::UInt8: return 1;
+    case DType::Int8: return 1;
+    case DType::Int16: return 2;
   }
   return 0;
 }
@@ -60,6 +72,9 @@ constexpr const char* dtype_name(DType t) {
     case DType::Int64: return "int64";
     case DType::Int32: return "int32";
     case DType::Bool: return "bool";
+    case DType::UInt8: return "uint8";
+    case DType::Int8: return "int8";
+    case DType::Int16: return "int16";
   }
   return "?";
 }
@@ -68,7 +83,8 @@ constexpr bool is_floating(DType t) {
   return t == DType::Float32 || t == DType::Float16 || t == DType::BFloat16 || t == DType::Float64;
 }
 constexpr bool is_integral(DType t, bool include_bool = false) {
-  return t == DType::Int64 || t == DType::Int32 || (include_bool && t == DType::Bool);
+  return t == DType::Int64 || t == DType::Int32 || t == DType::Int16 || t == DType::Int8 || t == DType::UInt8 ||
+         (include_bool && t == DType::Bool);
 }
 constexpr bool is_reduced_float(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
 
@@ -100,6 +116,9 @@ decltype(auto) visit_dtype(DType t, F&& f) {
     case DType::Int64: return f(int64_t{});
     case DType::Int32: return f(int32_t{});
     case DType::Bool: return f(bool{});
+    case DType::UInt8: return f(uint8_t{});
+    case DType::Int8: return f(int8_t{});
+    case DType::Int16: return f(int16_t{});
   }
   return f(float{});
 }

@@ -1,5 +1,8 @@
-// tg::data in one include: TensorDataset, DataLoader, and the .npy reader and writer (tg::load_npy / tg::save_npy).
+// tg::data in one include: TensorDataset, DataLoader, the .npy and IDX readers and writers
+// (tg::load_npy / tg::save_npy, tg::load_idx / tg::save_idx) and the ProgressBar.
 #pragma once
 #include <tapegrad/data/dataloader.h>
 #include <tapegrad/data/dataset.h>
+#include <tapegrad/data/idx.h>
 #include <tapegrad/data/npy.h>
+#include <tapegrad/data/progress_bar.h>

@@ -40,6 +40,9 @@ const char* descr_of(DType t) {
     case DType::Int64: return "<i8";
     case DType::Int32: return "<i4";
     case DType::Bool: return "|b1";
+    case DType::UInt8: return "|u1";
+    case DType::Int8: return "|i1";
+    case DType::Int16: return "<i2";
     case DType::BFloat16: return nullptr;
   }
   return nullptr;
@@ -182,7 +185,7 @@ NpyHeader read_header(int fd, const std::string& path) {
   h.shape = *shape;
   const std::string& d = *descr;
   TG_CHECK(d.size() == 3 && (d[0] == '<' || d[0] == '>' || d[0] == '|' || d[0] == '='), "tg::load_npy('", path,
-           "'): dtype '", d, "' is not one tapegrad reads (float32/64/16, int64/32, bool)");
+           "'): dtype '", d, "' is not one tapegrad reads (float32/64/16, int64/32/16/8, uint8, bool)");
   const std::string_view kind = std::string_view(d).substr(1);
   if (kind == "f4") h.dtype = kFloat32;
   else if (kind == "f8") h.dtype = kFloat64;
@@ -190,8 +193,11 @@ NpyHeader read_header(int fd, const std::string& path) {
   else if (kind == "i8") h.dtype = kInt64;
   else if (kind == "i4") h.dtype = kInt32;
   else if (kind == "b1") h.dtype = kBool;
+  else if (kind == "u1") h.dtype = kUInt8;
+  else if (kind == "i1") h.dtype = kInt8;
+  else if (kind == "i2") h.dtype = kInt16;
   else
-    TG_ERROR("tg::load_npy('", path, "'): dtype '", d, "' is not one tapegrad reads (float32/64/16, int64/32, bool)");
+    TG_ERROR("tg::load_npy('", path, "'): dtype '", d, "' is not one tapegrad reads (float32/64/16, int64/32/16/8, uint8, bool)");
   h.swap = d[0] == '>' && element_size(h.dtype) > 1;
   h.data_start = prefix + header_len;
   // The element count and bytes, overflow-checked and capped, before any allocation.

@@ -13,7 +13,7 @@
 
 namespace tg {
 
-// Reads an .npy file: float32 / float64 / float16, int64 / int32 and bool, little- or
+// Reads an .npy file: float32 / float64 / float16, int64 / int32 / int16 / int8, uint8 and bool, little- or
 // big-endian, C or Fortran order (the result is contiguous either way). The header is validated
 // in full, and the file's size checked against it, before anything sized from it is allocated;
 // every problem is a tg::Error naming the file. The tensor lands on the CPU, or on `device`.

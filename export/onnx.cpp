@@ -80,6 +80,9 @@ int onnx_type(DType t) {
     case DType::Int64: return 7;
     case DType::Int32: return 6;
     case DType::Bool: return 9;
+    case DType::UInt8: return 2;
+    case DType::Int8: return 3;
+    case DType::Int16: return 5;
   }
   return 0;
 }

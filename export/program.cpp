@@ -248,6 +248,9 @@ const char* dtype_short(DType t) {
     case DType::Int64: return "i64";
     case DType::Int32: return "i32";
     case DType::Bool: return "b8";
+    case DType::UInt8: return "u8";
+    case DType::Int8: return "i8";
+    case DType::Int16: return "i16";
   }
   return "?";
 }

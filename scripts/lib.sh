@@ -8,7 +8,8 @@ JOBS="${JOBS:-2}"
 # used by parts of the tree (state_dict I/O, benchmarks), so they are in the base list; clang-16
 # and its sanitizer/libFuzzer runtimes build the ASan+UBSan tests and the fuzz targets.
 TG_DEB_PACKAGES=(cmake g++ ninja-build ccache libeigen3-dev libgtest-dev libgmock-dev
-                 libbenchmark-dev nlohmann-json3-dev libfmt-dev clang-16 libclang-rt-16-dev)
+                 libbenchmark-dev nlohmann-json3-dev libfmt-dev clang-16 libclang-rt-16-dev
+                 libcli11-dev)
 
 tg_log() { printf '\n==> %s\n' "$*" >&2; }
 tg_die() { printf 'error: %s\n' "$*" >&2; exit 1; }

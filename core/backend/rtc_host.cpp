@@ -135,10 +135,15 @@ std::vector<Param> parse_params(const std::string& list, const char* which, cons
         {"bool", {"bool", kBool}},              {"half", {"__half", kFloat16}},
         {"__half", {"__half", kFloat16}},       {"float16", {"__half", kFloat16}},
         {"bfloat16", {"__nv_bfloat16", kBFloat16}}, {"__nv_bfloat16", {"__nv_bfloat16", kBFloat16}},
+        {"unsigned char", {"unsigned char", kUInt8}}, {"uint8", {"unsigned char", kUInt8}},
+        {"uint8_t", {"unsigned char", kUInt8}},     {"signed char", {"signed char", kInt8}},
+        {"int8", {"signed char", kInt8}},           {"int8_t", {"signed char", kInt8}},
+        {"short", {"short", kInt16}},               {"int16", {"short", kInt16}},
+        {"int16_t", {"short", kInt16}},
     };
     auto it = kTypes.find(type);
     TG_CHECK(it != kTypes.end(), "ElementwiseKernel '", kernel, "': unknown type \"", type, "\" in ", which,
-             " (float, double, int, long long / int64, bool, half, bfloat16)");
+             " (float, double, int, long long / int64, bool, half, bfloat16, uint8, int8, int16)");
     TG_CHECK(is_identifier(name) && name != "i" && name != "n" && name.rfind("_tg_", 0) != 0, "ElementwiseKernel '",
              kernel, "': \"", name, "\" in ", which, " is not a usable parameter name (i and n are reserved)");
     out.push_back(Param{it->second.first, name, it->second.second, raw});

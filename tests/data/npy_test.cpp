@@ -72,7 +72,8 @@ class Npy : public ::testing::Test {
 TEST_F(Npy, RoundTripsEveryDtypeShapeAndLayout) {
   tg::manual_seed(3);
   const Tensor base = tg::randn({3, 4}) * 7;
-  for (tg::DType dt : {tg::kFloat32, tg::kFloat64, tg::kFloat16, tg::kInt64, tg::kInt32, tg::kBool}) {
+  for (tg::DType dt : {tg::kFloat32, tg::kFloat64, tg::kFloat16, tg::kInt64, tg::kInt32, tg::kBool, tg::kUInt8,
+                       tg::kInt8, tg::kInt16}) {
     for (const Tensor& t : {base.to(dt), base.to(dt).t(), base.to(dt).slice(1, 1, 3), base.to(dt).reshape({12}),
                             base.to(dt).select(0, 1).select(0, 2), base.to(dt).slice(0, 0, 0)}) {
       SCOPED_TRACE(std::string(tg::dtype_name(dt)) + " " + ::testing::PrintToString(t.sizes()));
@@ -100,6 +101,22 @@ TEST_F(Npy, TheBytesNumpyWrites) {
   std::string want = v1(dict, "");
   for (int i = 0; i < 6; ++i) want += std::string(reinterpret_cast<const char*>(&i), 4);
   EXPECT_EQ(bytes, want);
+}
+
+TEST_F(Npy, SmallIntegerDescrs) {
+  // numpy's descrs for uint8 / int8 / int16, written and read; '>i2' is byte-swapped.
+  const struct {
+    tg::DType dt;
+    const char* descr;
+  } cases[] = {{tg::kUInt8, "'|u1'"}, {tg::kInt8, "'|i1'"}, {tg::kInt16, "'<i2'"}};
+  for (const auto& c : cases) {
+    tg::save_npy(tg::tensor(std::vector<double>{1, 2, 3}).to(c.dt), path("s.npy"));
+    EXPECT_NE(slurp(path("s.npy")).find(c.descr), std::string::npos) << c.descr;
+  }
+  const Tensor t = tg::load_npy(write("be.npy", v1("{'descr': '>i2', 'fortran_order': False, 'shape': (2,), }\n",
+                                                   std::string("\xff\xfe\x01\x00", 4))));
+  EXPECT_EQ(t.dtype(), tg::kInt16);
+  EXPECT_EQ(host(t), (std::vector<double>{-2, 256}));
 }
 
 TEST_F(Npy, BFloat16IsAnErrorAndTheOldFileStays) {
@@ -155,7 +172,7 @@ TEST_F(Npy, CorruptAndHostileFilesAreErrors) {
   v9[6] = 9;
   expect_error(write("v9.npy", v9), "format version 9");
   auto with = [&](const std::string& dict, size_t data) { return write("h.npy", v1(dict, std::string(data, '\0'))); };
-  expect_error(with("{'descr': '<u1', 'fortran_order': False, 'shape': (2,), }", 2), "dtype '<u1'");
+  expect_error(with("{'descr': '<u2', 'fortran_order': False, 'shape': (2,), }", 4), "dtype '<u2'");
   expect_error(with("{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }", 4), "non-negative integer");
   expect_error(with("{'descr': '<f4', 'fortran_order': Maybe, 'shape': (1,), }", 4), "True or False");
   expect_error(with("{'descr': '<f4', 'shape': (1,), }", 4), "needs 'descr', 'fortran_order' and 'shape'");

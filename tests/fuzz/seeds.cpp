@@ -156,6 +156,22 @@ void npy_seeds() {
   seed("npy", "f32_fortran", fortran);
 }
 
+std::string idx(const Tensor& t) {
+  const fs::path p = tg_fuzz::scratch_dir() / "seed.idx";
+  tg::save_idx(t, p.string());
+  return tg_fuzz::read_file(p);
+}
+
+void idx_seeds() {
+  seed("idx", "u8_images", idx(tg::arange(0, 18, 1, kInt64).reshape({2, 3, 3}).to(kUInt8)));
+  seed("idx", "u8_labels", idx(tg::arange(0, 5, 1, kInt64).to(kUInt8)));
+  seed("idx", "i8_1d", idx(tg::arange(-3, 3, 1, kInt64).to(kInt8)));
+  seed("idx", "i16_2d", idx(tg::arange(0, 6, 1, kInt64).reshape({2, 3}).to(kInt16)));
+  seed("idx", "i32_empty", idx(tg::zeros({0, 4}, kInt32)));
+  seed("idx", "f32_2x2", idx(tg::ones({2, 2})));
+  seed("idx", "f64_1", idx(tg::full({1}, 2.5, kFloat64)));
+}
+
 void dlpack_seeds() {
   seed("dlpack", "f32_2x3_versioned", dlpack_record(1, kDLCPU, 2, kDLFloat, 32, 1, 0, {2, 3}, {}));
   seed("dlpack", "f64_strided_legacy", dlpack_record(2, kDLCPU, 2, kDLFloat, 64, 1, 8, {3, 2}, {1, 3}));
@@ -180,6 +196,7 @@ int main(int argc, char** argv) {
   rtc_seeds();
   dlpack_seeds();
   npy_seeds();
+  idx_seeds();
   fs::remove_all(tg_fuzz::scratch_dir());
   return 0;
 }

@@ -124,7 +124,8 @@ TEST(DLPack, ExportDropsAutogradHistory) {
 }
 
 TEST(DLPack, EveryDTypeBothWays) {
-  for (tg::DType dt : {tg::kFloat32, tg::kFloat16, tg::kBFloat16, tg::kFloat64, tg::kInt64, tg::kInt32, tg::kBool}) {
+  for (tg::DType dt : {tg::kFloat32, tg::kFloat16, tg::kBFloat16, tg::kFloat64, tg::kInt64, tg::kInt32, tg::kBool,
+                       tg::kUInt8, tg::kInt8, tg::kInt16}) {
     SCOPED_TRACE(tg::dtype_name(dt));
     Tensor x = (tg::arange(6, tg::kFloat64).reshape({2, 3}) - 2.0).to(dt);
     for (bool legacy : {false, true}) {
@@ -140,6 +141,7 @@ TEST(DLPack, EveryDTypeBothWays) {
     const uint8_t want = dt == tg::kBFloat16 ? kDLBfloat
                          : dt == tg::kBool   ? kDLBool
                          : tg::is_floating(dt) ? kDLFloat
+                         : dt == tg::kUInt8    ? kDLUInt
                                                : kDLInt;
     EXPECT_EQ(d.code, want);
     dl->deleter(dl);
@@ -155,7 +157,8 @@ TEST(DLPack, ForeignImportEveryDTypeDeleterOnce) {
   const Case cases[] = {{{kDLFloat, 32, 1}, tg::kFloat32},  {{kDLFloat, 16, 1}, tg::kFloat16},
                         {{kDLBfloat, 16, 1}, tg::kBFloat16}, {{kDLFloat, 64, 1}, tg::kFloat64},
                         {{kDLInt, 64, 1}, tg::kInt64},       {{kDLInt, 32, 1}, tg::kInt32},
-                        {{kDLBool, 8, 1}, tg::kBool}};
+                        {{kDLBool, 8, 1}, tg::kBool},        {{kDLUInt, 8, 1}, tg::kUInt8},
+                        {{kDLInt, 8, 1}, tg::kInt8},         {{kDLInt, 16, 1}, tg::kInt16}};
   for (const Case& c : cases) {
     SCOPED_TRACE(tg::dtype_name(c.dt));
     // Values 0, 1, 0, 1, ... (bool-safe) written with the producer's own encoding.
@@ -252,7 +255,7 @@ TEST(DLPack, UnsupportedInputCallsDeleterThenThrows) {
   expect_refused([](DLManagedTensorVersioned& m) { m.dl_tensor.device = DLDevice{kDLOpenCL, 0}; }, "device type 4");
   expect_refused([](DLManagedTensorVersioned& m) { m.dl_tensor.device = DLDevice{kDLROCM, 0}; }, "device type 10");
   expect_refused([](DLManagedTensorVersioned& m) { m.dl_tensor.dtype.lanes = 4; }, "lanes = 4");
-  expect_refused([](DLManagedTensorVersioned& m) { m.dl_tensor.dtype = DLDataType{kDLUInt, 8, 1}; }, "code 1");
+  expect_refused([](DLManagedTensorVersioned& m) { m.dl_tensor.dtype = DLDataType{kDLUInt, 16, 1}; }, "code 1");
   expect_refused([](DLManagedTensorVersioned& m) { m.dl_tensor.dtype = DLDataType{kDLComplex, 64, 1}; }, "complex");
   expect_refused([](DLManagedTensorVersioned& m) { m.dl_tensor.dtype = DLDataType{kDLFloat, 8, 1}; }, "bits 8");
   expect_refused([](DLManagedTensorVersioned& m) { m.dl_tensor.ndim = -1; }, "ndim -1");

@@ -11,7 +11,7 @@
 
 namespace tg::cpu {
 
-enum class Kinds { Float, Numeric, All };  // float types; + int32/int64; + bool
+enum class Kinds { Float, Numeric, All };  // float types; + uint8/int8/int16/int32/int64; + bool
 
 template <Kinds K, typename F>
 void dispatch(const char* name, DType t, F&& f) {
@@ -33,6 +33,15 @@ void dispatch(const char* name, DType t, F&& f) {
       break;
     case DType::Bool:
       if constexpr (K == Kinds::All) return f(bool{});
+      break;
+    case DType::UInt8:
+      if constexpr (K != Kinds::Float) return f(uint8_t{});
+      break;
+    case DType::Int8:
+      if constexpr (K != Kinds::Float) return f(int8_t{});
+      break;
+    case DType::Int16:
+      if constexpr (K != Kinds::Float) return f(int16_t{});
       break;
   }
   // NOLINTEND(bugprone-branch-clone)

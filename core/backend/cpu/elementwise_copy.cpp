@@ -1,4 +1,4 @@
-// The CPU Copy kernel: every pair of the 7 dtypes, strided either side.
+// The CPU Copy kernel: every pair of dtypes, strided either side.
 // Conversions go through float for Half / bfloat16; to bool means != 0; float to integer
 // truncates and saturates (NaN -> 0).
 #include <cstring>
@@ -30,7 +30,8 @@ To convert(From v) {
     const double d = static_cast<double>(v);
     if (!(d == d)) return To(0);
     if (d <= static_cast<double>(std::numeric_limits<To>::min())) return std::numeric_limits<To>::min();
-    if (d >= -static_cast<double>(std::numeric_limits<To>::min())) return std::numeric_limits<To>::max();
+    // max + 1 is a power of two, exact in a double (max itself is not for int64).
+    if (d >= static_cast<double>(std::numeric_limits<To>::max()) + 1.0) return std::numeric_limits<To>::max();
     return static_cast<To>(d);
   } else {
     return static_cast<To>(v);

@@ -17,7 +17,8 @@
 namespace tg::cpu {
 
 // The type arithmetic runs in: float for the 16-bit floats ("opmath"), int64 for
-// int32 (so overflow wraps on the narrowing store instead of being undefined).
+// int32 and the narrower integers (so overflow wraps on the narrowing store instead of being
+// undefined, and uint8 arithmetic is not done in unsigned char's promoted int by accident).
 template <typename T>
 struct OpMath {
   using type = T;
@@ -32,6 +33,18 @@ struct OpMath<BFloat16> {
 };
 template <>
 struct OpMath<int32_t> {
+  using type = int64_t;
+};
+template <>
+struct OpMath<int16_t> {
+  using type = int64_t;
+};
+template <>
+struct OpMath<int8_t> {
+  using type = int64_t;
+};
+template <>
+struct OpMath<uint8_t> {
   using type = int64_t;
 };
 template <typename T>

@@ -9,6 +9,7 @@
 #include <cctype>
 #include <climits>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -91,9 +92,18 @@ std::string generate(const std::string& name, const std::vector<Param>& ins, con
   return s.str();
 }
 
+// A uint8 / int8 / int16 scalar argument: an integer in the type's range.
+template <typename T>
+detail::KernelArg small_int_arg(const Scalar& v, const Param& p, const std::string& kernel) {
+  const int64_t x = v.is_integral() ? v.to_int() : static_cast<int64_t>(v.to_double());
+  TG_CHECK(x >= std::numeric_limits<T>::min() && x <= std::numeric_limits<T>::max(), "ElementwiseKernel '", kernel,
+           "': scalar ", x, " for input '", p.name, "' does not fit in ", p.type);
+  return detail::make_kernel_arg(static_cast<T>(x));
+}
+
 // A scalar argument converted to the declared type of `p`.
 detail::KernelArg scalar_arg(const Scalar& v, const Param& p, const std::string& kernel) {
-  const bool integral_target = p.dtype == kInt32 || p.dtype == kInt64 || p.dtype == kBool;
+  const bool integral_target = is_integral(p.dtype, /*include_bool=*/true);
   if (integral_target && !v.is_integral()) {
     const double d = v.to_double();
     TG_CHECK(std::isfinite(d) && d == std::trunc(d), "ElementwiseKernel '", kernel, "': scalar ", d,
@@ -112,6 +122,9 @@ detail::KernelArg scalar_arg(const Scalar& v, const Param& p, const std::string&
       return detail::make_kernel_arg(
           static_cast<long long>(v.is_integral() ? v.to_int() : static_cast<int64_t>(v.to_double())));
     case kBool: return detail::make_kernel_arg(v.is_integral() ? v.to_int() != 0 : v.to_double() != 0);
+    case kUInt8: return small_int_arg<uint8_t>(v, p, kernel);
+    case kInt8: return small_int_arg<int8_t>(v, p, kernel);
+    case kInt16: return small_int_arg<int16_t>(v, p, kernel);
     case kFloat16: return detail::make_kernel_arg(Half(static_cast<float>(v.to_double())));
     case kBFloat16: return detail::make_kernel_arg(BFloat16(static_cast<float>(v.to_double())));
   }

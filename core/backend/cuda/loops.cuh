@@ -7,6 +7,8 @@
 //  - strided path: any geometry up to kMaxDims, 32-bit linear index with fast
 //    divmod (launches are split so the index fits), 64-bit byte offsets.
 #pragma once
+#include <limits>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -50,8 +52,9 @@ inline constexpr bool kIsReduced = std::is_same_v<T, __half> || std::is_same_v<T
 
 using ::tg::cuda::opmath_t;
 
-// Conversion between any two of the 7 dtypes, with the CPU backend's rules:
-// 16-bit floats go through float, bool is != 0.
+// Conversion between any two dtypes, with the CPU backend's rules: 16-bit floats go through
+// float, bool is != 0, a float into an integer narrower than 32 bits truncates toward zero and
+// saturates (NaN -> 0; the hardware saturates the 32/64-bit ones itself).
 template <class To, class From>
 __device__ __forceinline__ To cast(From v) {
   if constexpr (std::is_same_v<To, From>) {
@@ -66,6 +69,11 @@ __device__ __forceinline__ To cast(From v) {
     return __float2half_rn(static_cast<float>(v));
   } else if constexpr (std::is_same_v<To, __nv_bfloat16>) {
     return __float2bfloat16_rn(static_cast<float>(v));
+  } else if constexpr (std::is_integral_v<To> && sizeof(To) < 4 && std::is_floating_point_v<From>) {
+    if (!(v == v)) return To(0);
+    if (v <= static_cast<From>(std::numeric_limits<To>::min())) return std::numeric_limits<To>::min();
+    if (v >= static_cast<From>(std::numeric_limits<To>::max())) return std::numeric_limits<To>::max();
+    return static_cast<To>(static_cast<int>(v));
   } else {
     return static_cast<To>(v);
   }
@@ -434,6 +442,15 @@ void dispatch(DType dt, const char* op, Fn&& fn) {
       break;
     case DType::Bool:
       if constexpr ((kAllowed & kBoolSet) != 0) return fn(TypeTag<bool>{});
+      break;
+    case DType::UInt8:
+      if constexpr ((kAllowed & kInts) != 0) return fn(TypeTag<uint8_t>{});
+      break;
+    case DType::Int8:
+      if constexpr ((kAllowed & kInts) != 0) return fn(TypeTag<int8_t>{});
+      break;
+    case DType::Int16:
+      if constexpr ((kAllowed & kInts) != 0) return fn(TypeTag<int16_t>{});
       break;
   }
   TG_ERROR(op, ": dtype ", dtype_name(dt), " is not supported on CUDA");

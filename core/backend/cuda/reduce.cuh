@@ -47,6 +47,9 @@ __device__ __forceinline__ void store_value(void* out, DType dt, int64_t o, V v)
     case DType::Int64: static_cast<int64_t*>(out)[o] = static_cast<int64_t>(v); break;
     case DType::Int32: static_cast<int32_t*>(out)[o] = static_cast<int32_t>(v); break;
     case DType::Bool: static_cast<bool*>(out)[o] = v != V(0); break;
+    case DType::UInt8: static_cast<uint8_t*>(out)[o] = static_cast<uint8_t>(v); break;
+    case DType::Int8: static_cast<int8_t*>(out)[o] = static_cast<int8_t>(v); break;
+    case DType::Int16: static_cast<int16_t*>(out)[o] = static_cast<int16_t>(v); break;
   }
 }
 
