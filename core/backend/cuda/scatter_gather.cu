@@ -63,6 +63,25 @@ __global__ void gather_kernel(W* out, const W* in, const int64_t* index, Geom g,
   }
 }
 
+// atomicAdd for 1- and 2-byte integers, which CUDA lacks: a compare-and-swap loop on the aligned
+// 32-bit word that holds the element (the sum wraps, as integer tensor arithmetic does).
+template <class W>
+__device__ void atomic_add_narrow(W* addr, W val) {
+  static_assert(sizeof(W) == 1 || sizeof(W) == 2);
+  using U = std::make_unsigned_t<W>;
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  auto* word = reinterpret_cast<unsigned int*>(a & ~uintptr_t{3});
+  const unsigned shift = static_cast<unsigned>(a & 3) * 8u;
+  const unsigned mask = ((1u << (8 * sizeof(W))) - 1u) << shift;
+  unsigned old = *word, assumed;
+  do {
+    assumed = old;
+    const W cur = static_cast<W>(static_cast<U>((assumed & mask) >> shift));
+    const U sum = static_cast<U>(static_cast<U>(cur) + static_cast<U>(val));
+    old = atomicCAS(word, assumed, (assumed & ~mask) | ((static_cast<unsigned>(sum) << shift) & mask));
+  } while (assumed != old);
+}
+
 // out (operand b) at the index along dim = src (operand a), or += with kAdd.
 template <class W, bool kAdd>
 __global__ void scatter_kernel(W* out, const W* src, const int64_t* index, Geom g, int64_t out_dim_stride,
@@ -75,6 +94,8 @@ __global__ void scatter_kernel(W* out, const W* src, const int64_t* index, Geom 
     if constexpr (kAdd) {
       if constexpr (std::is_same_v<W, int64_t>) {
         atomicAdd(reinterpret_cast<unsigned long long*>(dst), static_cast<unsigned long long>(src[oa]));
+      } else if constexpr (std::is_integral_v<W> && sizeof(W) < 4) {
+        atomic_add_narrow(dst, src[oa]);
       } else {
         atomicAdd(dst, src[oa]);
       }
