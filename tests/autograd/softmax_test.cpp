@@ -452,7 +452,8 @@ TEST_P(Softmax, LossModules) {
 }
 
 // CUDA's row kernels against the float64 CPU reference over the shapes that pick each path: one
-// warp per row (<= 1024) or one block, 16-byte loads or not (odd rows, an offset view), every dtype.
+// warp per row (<= 1024) or one block, 16-byte loads or not (odd row lengths), contiguous or a
+// strided view, every dtype.
 TEST(SoftmaxCuda, RowKernelsMatchCpuFloat64) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   tg::manual_seed(21);
@@ -462,7 +463,7 @@ TEST(SoftmaxCuda, RowKernelsMatchCpuFloat64) {
       const int64_t rows = cols > 5000 ? 3 : 9;
       Tensor base = (tg::randn({rows, cols + 1}, TensorOptions(kFloat64)) * 4.0).to(dt);
       for (bool offset : {false, true}) {
-        Tensor x = offset ? base.slice(1, 1, cols + 1) : base.slice(1, 0, cols).contiguous();  // offset: unaligned rows
+        Tensor x = offset ? base.slice(1, 1, cols + 1) : base.slice(1, 0, cols).contiguous();  // offset: a strided view
         Tensor xc = x.to(kCUDA);
         const double tol = dt == kFloat64 ? 1e-12 : dt == kFloat32 ? 1e-5 : dt == kFloat16 ? 2e-3 : 1.6e-2;
         for (bool log : {false, true}) {
