@@ -531,6 +531,22 @@ TEST(SoftmaxCuda, CrossEntropyFusedPathsMatchReference) {
           expect_near_vec(host(l4), refn.loss, tol, tol, "none");
         }
     }
+  // every reduction, small (one launch: <= 2^16 logits, rows <= 1024) and not, against the CPU in float64
+  for (auto [n, c] : {std::pair<int64_t, int64_t>{6, 9}, {100, 1000}, {300, 2000}})
+    for (const char* red : {"mean", "sum", "none"}) {
+      SCOPED_TRACE(std::to_string(n) + "x" + std::to_string(c) + " " + red);
+      Tensor x = tg::randn({n, c}, kCUDA) * 2.0;
+      Tensor tt = (tg::clamp(tg::rand({n}, kCUDA) * static_cast<double>(c), 0, c - 1)).to(kInt64);
+      nn::functional::CrossEntropyOptions o{.reduction = red, .ignore_index = 0, .label_smoothing = 0.05};
+      Tensor xg = x.detach().requires_grad_(true);
+      Tensor l = cross_entropy(xg, tt, o);
+      (std::string(red) == "none" ? l.sum() : l).backward();
+      Tensor x64 = x.to(kCPU, kFloat64).requires_grad_(true);
+      Tensor l64 = cross_entropy(x64, tt.cpu(), o);
+      (std::string(red) == "none" ? l64.sum() : l64).backward();
+      expect_near_vec(host(l), host(l64), 1e-5, 1e-5, "loss");
+      expect_near_vec(host(xg.grad()), host(x64.grad()), 1e-7, 1e-4, "grad");
+    }
   // an out-of-range class index on CUDA: a NaN loss, no synchronisation
   Tensor x = tg::randn({2, 5}, kCUDA);
   Tensor bad = tg::tensor<int64_t>({1, 7}, TensorOptions(kInt64).device(kCUDA));
