@@ -64,6 +64,23 @@ WORKLOADS = [
     ("softmax_fwd_bwd_4096x50304_fp32", "softmax fwd+bwd 4096x50304 fp32", "lower", ("ratio", "<=", 0.77, " (1.3x faster)")),
     ("softmax_fwd_bwd_4096x50304_bf16", "softmax fwd+bwd 4096x50304 bf16", "lower", ("ratio", "<=", 0.77, " (1.3x faster)")),
     ("cross_entropy_fwd_bwd_16384x50304_bf16", "cross_entropy fwd+bwd 16384x50304 bf16", "lower", ("abs", "<=", 1.0)),
+    # ---- issue 15: whole models (tg_bench_models). MNIST-shaped MLP 784-512-512-10, batch 128, cross_entropy +
+    # Adam, 60000 rows on the GPU, device shuffle; us/step over one epoch (469 steps). The graph row has no
+    # PyTorch side of its own: its baseline is PyTorch eager, as in the issue's table.
+    ("mlp_mnist_epoch", "MLP 784-512-512-10 epoch, eager", "lower", ("abs", "<=", 100.0)),
+    ("mlp_mnist_epoch_graph", "MLP 784-512-512-10 epoch, CUDA graph", "lower", ("abs", "<=", 50.0)),
+    # ---- issue 15: normalization, embedding, dropout (tg_bench_norm). Speed targets as time ratios:
+    # 1.5x faster is ratio <= 1/1.5. PyTorch 2.11 on the H200: 0.369 / 0.315 / 0.355 / 0.226 / 0.870 ms.
+    ("layer_norm_fwd_bwd_32768x768_fp32", "layer_norm fwd+bwd [32768, 768] fp32", "lower",
+     ("ratio", "<=", 1 / 1.5, " (1.5x faster)")),
+    ("layer_norm_fwd_bwd_32768x768_bf16", "layer_norm fwd+bwd [32768, 768] bf16", "lower",
+     ("ratio", "<=", 1 / 1.5, " (1.5x faster)")),
+    ("layer_norm_fwd_bwd_8192x4096_fp32", "layer_norm fwd+bwd [8192, 4096] fp32", "lower",
+     ("ratio", "<=", 1 / 1.3, " (1.3x faster)")),
+    ("layer_norm_fwd_bwd_8192x4096_bf16", "layer_norm fwd+bwd [8192, 4096] bf16", "lower",
+     ("ratio", "<=", 1 / 1.3, " (1.3x faster)")),
+    ("embedding_fwd_bwd_50304x768_32768", "embedding fwd+bwd 50304x768 fp32, 32768 idx", "lower",
+     ("ratio", "<=", 1 / 1.2, " (1.2x faster)")),
 ]
 
 
@@ -209,6 +226,29 @@ def torch_timings(warmup, reps, only):
         b = torch.rand(10_000_000, dtype=torch.float64)
         out["vectorize_mul_10M_host"] = (wall_ms(lambda: (a.cuda() * b.cuda()).cpu()), "ms")
         del a, b
+    # ---- issue 15: whole models
+    if wants("mlp_mnist_epoch"):
+        # PyTorch eager, fused Adam, device-side shuffle (randperm + index), as the regression epoch above.
+        torch.manual_seed(0)
+        xm = torch.rand(60000, 784, device="cuda")
+        ym = torch.randint(0, 10, (60000,), device="cuda")
+        mlp = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                  torch.nn.ReLU(), torch.nn.Linear(512, 10)).cuda()
+        adam = torch.optim.Adam(mlp.parameters(), fused=True)
+
+        def mlp_epoch():
+            perm = torch.randperm(60000, device="cuda")
+            for i in range(0, 60000, 128):
+                idx = perm[i:i + 128]
+                adam.zero_grad()
+                loss = torch.nn.functional.cross_entropy(mlp(xm[idx]), ym[idx])
+                loss.backward()
+                adam.step()
+
+        us = wall_ms(mlp_epoch) * 1e3 / 469
+        out["mlp_mnist_epoch"] = (us, "us/step")
+        out["mlp_mnist_epoch_graph"] = (us, "us/step")
+        del xm, ym, mlp, adam
     # The seed's AMP loop (tg_bench_amp): 100 steps per repeat, us/step; peak memory of the fp16 run.
     for name, dt in [("amp_train_fp16", torch.float16), ("amp_train_bf16", torch.bfloat16), ("amp_train_fp32", None)]:
         if not (wants(name) or (name == "amp_train_fp16" and wants("amp_train_fp16_peak_mib"))):
@@ -260,6 +300,36 @@ def torch_timings(warmup, reps, only):
 
         out["cross_entropy_fwd_bwd_16384x50304_bf16"] = (event_ms(ce_step), "ms")
         del xc, tc
+    # ---- issue 15: normalization, embedding, dropout (as tg_bench_norm: 10 iterations per timed repeat)
+    for rows, cols, dt, dname in [(32768, 768, torch.float32, "fp32"), (32768, 768, torch.bfloat16, "bf16"),
+                                  (8192, 4096, torch.float32, "fp32"), (8192, 4096, torch.bfloat16, "bf16")]:
+        name = f"layer_norm_fwd_bwd_{rows}x{cols}_{dname}"
+        if not wants(name):
+            continue
+        xl = torch.randn(rows, cols, device="cuda", dtype=dt, requires_grad=True)
+        wl = torch.randn(cols, device="cuda", dtype=dt, requires_grad=True)
+        bl = torch.randn(cols, device="cuda", dtype=dt, requires_grad=True)
+        gl = torch.randn(rows, cols, device="cuda", dtype=dt)
+
+        def ln_iters():
+            for _ in range(10):
+                xl.grad = wl.grad = bl.grad = None
+                torch.nn.functional.layer_norm(xl, (cols,), wl, bl).backward(gl)
+
+        out[name] = (event_ms(ln_iters) / 10, "ms")
+        del xl, wl, bl, gl
+    if wants("embedding_fwd_bwd_50304x768_32768"):
+        we = torch.randn(50304, 768, device="cuda", requires_grad=True)
+        ie = torch.randint(0, 50304, (32768,), device="cuda")
+        ge = torch.randn(32768, 768, device="cuda")
+
+        def emb_iters():
+            for _ in range(10):
+                we.grad = None
+                torch.nn.functional.embedding(ie, we).backward(ge)
+
+        out["embedding_fwd_bwd_50304x768_32768"] = (event_ms(emb_iters) / 10, "ms")
+        del we, ie, ge
     torch.cuda.empty_cache()
     return out
 
@@ -268,7 +338,8 @@ def run_tg_programs(bench_dir, reps, only):
     """Runs the C++ benchmark programs; returns (parsed JSON records, failed program names)."""
     records, failed = [], []
     for prog in ("tg_bench_gpu", "tg_bench_cpu", "tg_bench_interop", "tg_bench_amp", "tg_bench_overhead",
-                 "tg_bench_softmax"):  # ---- issue 15: tg_bench_softmax
+                 # ---- issue 15: softmax / cross_entropy, whole models, normalization / embedding
+                 "tg_bench_softmax", "tg_bench_models", "tg_bench_norm"):
         path = os.path.join(bench_dir, prog)
         if not os.path.exists(path):
             print(f"compare_torch: {path} not found (build with -DTG_BUILD_BENCHMARKS=ON)", file=sys.stderr)

@@ -170,4 +170,41 @@ Tensor arange(double start, double end, double step, DType dtype, Device device)
 // Reserves `count` Philox counters of the device's generator; returns (seed, offset).
 std::pair<uint64_t, uint64_t> philox_reserve(Device device, uint64_t count);
 
+// ---- issue 15: normalization, embedding, dropout (core/native/normalization.cpp)
+// layer_norm (rms = false) / rms_norm over the trailing dims `normalized_shape` of x. weight and
+// bias: undefined or of shape normalized_shape, x's dtype and device (rms: bias undefined).
+// Returns {y, mean, rstd}: y of x's shape and dtype; mean (undefined for rms) and rstd [rows],
+// float32 (float64 for float64 x). Errors name `op` and the shapes / dtypes.
+struct NormResult {
+  Tensor y, mean, rstd;
+};
+NormResult norm_forward(const char* op, const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                        const Tensor& bias, double eps, bool rms);
+// {grad_x, grad_weight, grad_bias}, each only when asked (else undefined).
+std::vector<Tensor> norm_backward(const Tensor& grad, const Tensor& x, const Shape& normalized_shape,
+                                  const Tensor& weight, const Tensor& mean, const Tensor& rstd, bool rms, bool need_x,
+                                  bool need_weight, bool need_bias);
+// weight[index] of shape index.shape + [dim]; index int64 / int32 checked in [0, num) (not
+// during CUDA-graph capture).
+Tensor embedding(const Tensor& index, const Tensor& weight);
+// The weight gradient [num, dim] (weight's dtype) of embedding; rows at padding_idx stay 0.
+Tensor embedding_backward(const Tensor& grad, const Tensor& index, int64_t num, int64_t padding_idx);
+// x * mask / (1 - p), mask from Philox counters [offset, offset + numel) of `seed` (backend dropout).
+Tensor dropout_mask_apply(const Tensor& x, double p, uint64_t seed, uint64_t offset);
+// ---- issue 15: general ops (core/native/general.cpp): validated here, errors naming the op
+Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);
+// The keep-mask of tril (upper = false) or triu for a's last two dims: bool [rows, cols].
+Tensor tri_mask(const Tensor& a, int64_t diagonal, bool upper);
+Tensor one_hot(const Tensor& index, int64_t num_classes);  // num_classes resolved (>= 0)
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim);
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
+// A copy of a with src scattered (accumulate: added) at index along dim; `op` names errors.
+Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate, const char* op);
+Tensor scatter_value(const Tensor& a, int64_t dim, const Tensor& index, Scalar value);
+Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& source, Scalar alpha);
+Tensor cumsum(const Tensor& a, int64_t dim);
+// (values, int64 indices), stable; topk: the first k of the sort (largest: descending).
+std::pair<Tensor, Tensor> sort(const Tensor& a, int64_t dim, bool descending);
+std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim, bool largest);
+
 }  // namespace tg::native

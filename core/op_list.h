@@ -90,7 +90,36 @@ enum class AutocastCategory : uint8_t { None, Lower, Fp32, Promote };
   _(LogSumExp, "logsumexp", Fp32)        /* dims, keepdim */ \
   _(CrossEntropy, "cross_entropy", Fp32) /* reduction, ignore_index, label_smoothing; inputs: logits, target[, weight] */ \
   _(NllLoss, "nll_loss", Fp32)           /* reduction, ignore_index; inputs: log_probs, target[, weight] */ \
-  _(BceWithLogits, "binary_cross_entropy_with_logits", Fp32) /* reduction, has_weight, has_pos_weight */
+  _(BceWithLogits, "binary_cross_entropy_with_logits", Fp32) /* reduction, has_weight, has_pos_weight */ \
+  /* ---- issue 15: normalization, embedding, dropout */ \
+  _(LayerNorm, "layer_norm", Fp32) /* x, [weight, [bias]]; normalized_shape, eps */ \
+  _(RmsNorm, "rms_norm", Fp32)     /* x, [weight]; normalized_shape, eps */ \
+  _(Embedding, "embedding", None)  /* index, weight */ \
+  _(Dropout, "dropout", None)      /* x; p (traced only in training mode) */ \
+  /* ---- issue 15: general ops */         \
+  _(Sin, "sin", None)                       \
+  _(Cos, "cos", None)                       \
+  _(Rsqrt, "rsqrt", Fp32)                   \
+  _(Silu, "silu", None)                     \
+  _(GeluTanh, "gelu_tanh", None)           \
+  _(Softplus, "softplus", Fp32)             \
+  _(LeakyRelu, "leaky_relu", None)          \
+  _(Elu, "elu", None)                       \
+  _(MaskedFill, "masked_fill", None)        \
+  _(Tril, "tril", None)                     \
+  _(Triu, "triu", None)                     \
+  _(OneHot, "one_hot", None)                \
+  _(Stack, "stack", Promote)                \
+  _(Gather, "gather", None)                 \
+  _(Scatter, "scatter", Promote)            \
+  _(ScatterValue, "scatter_value", None)    \
+  _(ScatterAdd, "scatter_add", Promote)     \
+  _(IndexAdd, "index_add", Promote)         \
+  _(Cumsum, "cumsum", Fp32)                 \
+  _(Sort, "sort", None) /* the values */    \
+  _(Argsort, "argsort", None) /* sort's indices */ \
+  _(Topk, "topk", None) /* the values */    \
+  _(TopkIndices, "topk_indices", None)
 
 enum class OpKind : uint16_t {
 #define TG_OP_ENUM(name, str, cat) name,

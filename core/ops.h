@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include <tapegrad/core/tensor.h>
@@ -111,6 +113,45 @@ Tensor reshape(const Tensor& a, Shape shape);
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 
+// ---- issue 15: general ops (positional encodings, activations, indexing, sorting)
+// Unary math; integer inputs compute in float32, as PyTorch.
+Tensor sin(const Tensor& a);
+Tensor cos(const Tensor& a);
+Tensor rsqrt(const Tensor& a);  // 1 / sqrt(a)
+// Activations (floating inputs only), as torch.nn.functional.
+Tensor silu(const Tensor& a);                                // a * sigmoid(a)
+Tensor gelu(const Tensor& a, std::string_view approximate);  // "none" (exact, erf) or "tanh"
+Tensor softplus(const Tensor& a, Scalar beta = 1, Scalar threshold = 20);  // a where beta * a > threshold
+Tensor leaky_relu(const Tensor& a, Scalar negative_slope = 0.01);
+Tensor elu(const Tensor& a, Scalar alpha = 1);
+// a with `value` where the bool `mask` (broadcast to a's shape) is true.
+Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);
+// The lower / upper triangle of the last two dims (the rest zeroed); diagonal > 0 moves it up.
+Tensor tril(const Tensor& a, int64_t diagonal = 0);
+Tensor triu(const Tensor& a, int64_t diagonal = 0);
+// int64 [..., num_classes] with a 1 at each index; num_classes = -1 takes max(index) + 1.
+Tensor one_hot(const Tensor& index, int64_t num_classes = -1);
+// Joins tensors of one shape along a new dim.
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// out[i][j][k] = a[index[i][j][k]][j][k] along dim (dim 0 shown); index int64, same rank as a.
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
+// A copy of a with out[index[i][j]][j] = src[i][j] along dim (dim 0 shown); repeated indices: one
+// of the writes wins (unspecified which, as PyTorch).
+Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, Scalar value);
+// A copy of a with src added at index along dim; repeated indices add up.
+Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+// A copy of a with alpha * source[..., i, ...] added at a[..., index[i], ...] along dim (index 1-D).
+Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& source, Scalar alpha = 1);
+// Inclusive prefix sum along dim (integers and bool accumulate in int64, as PyTorch).
+Tensor cumsum(const Tensor& a, int64_t dim);
+// Sorted values and their int64 indices along dim; stable (ties keep their order).
+std::tuple<Tensor, Tensor> sort(const Tensor& a, int64_t dim = -1, bool descending = false);
+Tensor argsort(const Tensor& a, int64_t dim = -1, bool descending = false);
+// The k largest (smallest) values along dim and their int64 indices, sorted when `sorted`.
+std::tuple<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim = -1, bool largest = true,
+                                bool sorted = true);
+
 // ---- operators
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
@@ -152,5 +193,12 @@ const char* version();
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 int get_num_threads();
 void set_num_threads(int n);
+
+// ---- issue 15: normalization, embedding, dropout
+// Whether ops must use deterministic algorithms (PyTorch's torch.use_deterministic_algorithms).
+// tapegrad's default is true (PyTorch's is false): embedding's CUDA backward sums in a fixed order
+// (sorted indices). false lets it add with atomics (faster, run-to-run differences in the last bits).
+void use_deterministic_algorithms(bool on);
+bool are_deterministic_algorithms_enabled();
 
 }  // namespace tg

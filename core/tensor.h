@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <memory>
 #include <ostream>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include <tapegrad/core/device.h>
@@ -229,6 +231,24 @@ class Tensor {
   Tensor log_softmax(int64_t dim) const;
   Tensor logsumexp(DimList dims, bool keepdim = false) const;
 
+
+  // ---- issue 15: general ops (the free functions of core/ops.h)
+  Tensor sin() const;
+  Tensor cos() const;
+  Tensor rsqrt() const;
+  Tensor gelu(std::string_view approximate) const;
+  Tensor masked_fill(const Tensor& mask, Scalar value) const;
+  Tensor tril(int64_t diagonal = 0) const;
+  Tensor triu(int64_t diagonal = 0) const;
+  Tensor gather(int64_t dim, const Tensor& index) const;
+  Tensor scatter(int64_t dim, const Tensor& index, const Tensor& src) const;
+  Tensor scatter(int64_t dim, const Tensor& index, Scalar value) const;
+  Tensor scatter_add(int64_t dim, const Tensor& index, const Tensor& src) const;
+  Tensor index_add(int64_t dim, const Tensor& index, const Tensor& source, Scalar alpha = 1) const;
+  Tensor cumsum(int64_t dim) const;
+  std::tuple<Tensor, Tensor> sort(int64_t dim = -1, bool descending = false) const;
+  Tensor argsort(int64_t dim = -1, bool descending = false) const;
+  std::tuple<Tensor, Tensor> topk(int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true) const;
 
   // ---- autograd (autograd/)
   const Tensor& requires_grad_(bool requires_grad = true) const;

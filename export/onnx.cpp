@@ -61,6 +61,7 @@ namespace node { constexpr int kInput = 1, kOutput = 2, kName = 3, kOpType = 4, 
 namespace attr {
 constexpr int kName = 1, kF = 2, kI = 3, kInts = 8, kType = 20;
 constexpr int kFloat = 1, kInt = 2, kIntsType = 7;
+constexpr int kS = 4, kString = 3;  // issue 15: ScatterElements' reduction
 }  // namespace attr
 namespace tensor_proto { constexpr int kDims = 1, kDataType = 2, kName = 8, kRawData = 9; }
 namespace value_info { constexpr int kName = 1, kType = 2; }
@@ -89,6 +90,7 @@ struct OnnxAttr {
   int64_t i = 0;
   float f = 0;
   std::vector<int64_t> ints;
+  std::string s;  // kString
 };
 OnnxAttr attr_int(std::string name, int64_t v) { return {std::move(name), attr::kInt, v, 0, {}}; }
 OnnxAttr attr_ints(std::string name, std::vector<int64_t> v) { return {std::move(name), attr::kIntsType, 0, 0, std::move(v)}; }
@@ -112,12 +114,31 @@ class OnnxGraph {
       pa.int_field(attr::kType, a.type);
       if (a.type == attr::kInt) pa.int_field(attr::kI, a.i);
       else if (a.type == attr::kFloat) pa.float_field(attr::kF, a.f);
+      else if (a.type == attr::kString) pa.bytes_field(attr::kS, a.s);
       else
         for (int64_t v : a.ints) pa.int_field(attr::kInts, v);
       n.message_field(node::kAttribute, pa);
     }
     nodes_.push_back(std::move(n));
     return output;
+  }
+
+  // ---- issue 15: a node with several outputs (TopK's values and indices)
+  void node_outputs(const std::string& op, const std::vector<std::string>& inputs,
+                    const std::vector<std::string>& outputs, const std::vector<OnnxAttr>& attrs) {
+    Proto n;
+    for (const auto& i : inputs) n.bytes_field(node::kInput, i);
+    for (const auto& o : outputs) n.bytes_field(node::kOutput, o);
+    n.bytes_field(node::kName, "n" + std::to_string(nodes_.size()) + "_" + op);
+    n.bytes_field(node::kOpType, op);
+    for (const auto& a : attrs) {
+      Proto pa;
+      pa.bytes_field(attr::kName, a.name);
+      pa.int_field(attr::kType, a.type);
+      pa.int_field(attr::kI, a.i);  // int attributes only
+      n.message_field(node::kAttribute, pa);
+    }
+    nodes_.push_back(std::move(n));
   }
 
   // An initializer holding `t` (any device/layout).
@@ -560,6 +581,177 @@ void lower(OnnxGraph& g, const Program& p, const Node& n, const std::vector<std:
       if (!w.empty()) per = g.node("Mul", {per, w});
       if (r == 0) g.node("Identity", {per}, out);
       else g.node(r == 1 ? "ReduceMean" : "ReduceSum", {per}, out, {attr_int("keepdims", 0)});
+      return;
+    }
+    // ---- issue 15: normalization, embedding, dropout
+    case OpKind::LayerNorm: {  // opset 17's LayerNormalization (Scale required: ones when absent)
+      const auto ns = exporting::attr_ints(n, "normalized_shape");
+      const int64_t nd = static_cast<int64_t>(ns.size());
+      if (nd == 0 || nd > in_rank) unsupported("layer_norm with normalized_shape of rank " + std::to_string(nd));
+      for (int64_t d = 0; d < nd; ++d)
+        if (iv(0).shape[in_rank - nd + d] != ns[d]) unsupported("layer_norm's normalized_shape does not end the input's");
+      std::vector<std::string> ins{in_as(0, odt)};
+      ins.push_back(n.inputs.size() > 1 ? in_as(1, odt) : g.initializer(full(Shape(ns), 1, odt)));
+      if (n.inputs.size() > 2) ins.push_back(in_as(2, odt));
+      const float eps = static_cast<float>(exporting::attr_scalar(n, "eps").to_double());
+      g.node("LayerNormalization", ins, out,
+             {attr_int("axis", -nd), OnnxAttr{"epsilon", attr::kFloat, 0, eps, {}}, attr_int("stash_type", 1)});
+      return;
+    }
+    case OpKind::RmsNorm: {  // opset 17 has no RMSNormalization: x / sqrt(mean(x^2) + eps) * w
+      const auto ns = exporting::attr_ints(n, "normalized_shape");
+      const int64_t nd = static_cast<int64_t>(ns.size());
+      if (nd == 0 || nd > in_rank) unsupported("rms_norm with normalized_shape of rank " + std::to_string(nd));
+      for (int64_t d = 0; d < nd; ++d)
+        if (iv(0).shape[in_rank - nd + d] != ns[d]) unsupported("rms_norm's normalized_shape does not end the input's");
+      std::vector<int64_t> axes;
+      for (int64_t d = in_rank - nd; d < in_rank; ++d) axes.push_back(d);
+      std::string x = in_as(0, odt);
+      std::string ms = g.node("ReduceMean", {g.node("Mul", {x, x})}, "", {attr_ints("axes", axes), attr_int("keepdims", 1)});
+      std::string rms = g.node("Sqrt", {g.node("Add", {ms, g.scalar(exporting::attr_scalar(n, "eps"), odt)})});
+      if (n.inputs.size() > 1) {
+        g.node("Mul", {g.node("Div", {x, rms}), in_as(1, odt)}, out);
+      } else {
+        g.node("Div", {x, rms}, out);
+      }
+      return;
+    }
+    case OpKind::Embedding: {  // weight rows gathered by index
+      g.node("Gather", {in_as(1, odt), in_as(0, kInt64)}, out, {attr_int("axis", 0)});
+      return;
+    }
+    case OpKind::Dropout: {  // traced only in training mode: ONNX's Dropout with training_mode = true
+      std::string ratio = g.scalar(exporting::attr_scalar(n, "p"), odt);
+      g.node("Dropout", {in_as(0, odt), ratio, g.initializer(full({}, true, kBool))}, out);
+      return;
+    }
+    // ---- issue 15: general ops
+    case OpKind::Sin: return unary("Sin");
+    case OpKind::Cos: return unary("Cos");
+    case OpKind::Rsqrt: g.node("Reciprocal", {g.node("Sqrt", {in_as(0, odt)})}, out); return;
+    case OpKind::Silu: {
+      std::string x = in_as(0, odt);
+      g.node("Mul", {x, g.node("Sigmoid", {x})}, out);
+      return;
+    }
+    case OpKind::GeluTanh: {  // 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+      std::string x = in_as(0, odt);
+      std::string x3 = g.node("Mul", {g.node("Mul", {x, x}), x});
+      std::string inner = g.node("Add", {x, g.node("Mul", {x3, g.scalar(0.044715, odt)})});
+      std::string t = g.node("Tanh", {g.node("Mul", {inner, g.scalar(0.7978845608028654, odt)})});
+      std::string h = g.node("Mul", {x, g.node("Add", {t, g.scalar(1.0, odt)})});
+      g.node("Mul", {h, g.scalar(0.5, odt)}, out);
+      return;
+    }
+    case OpKind::Softplus: {  // x where beta x > threshold, else Softplus(beta x) / beta
+      std::string x = in_as(0, odt);
+      Scalar beta = exporting::attr_scalar(n, "beta"), threshold = exporting::attr_scalar(n, "threshold");
+      std::string bx = g.node("Mul", {x, g.scalar(beta, odt)});
+      std::string sp = g.node("Div", {g.node("Softplus", {bx}), g.scalar(beta, odt)});
+      std::string above = g.node("Greater", {bx, g.scalar(threshold, odt)});
+      g.node("Where", {above, x, sp}, out);
+      return;
+    }
+    case OpKind::LeakyRelu: {
+      OnnxAttr alpha{"alpha", attr::kFloat, 0,
+                     static_cast<float>(exporting::attr_scalar(n, "negative_slope").to_double()), {}};
+      g.node("LeakyRelu", {in_as(0, odt)}, out, {alpha});
+      return;
+    }
+    case OpKind::Elu: {
+      OnnxAttr alpha{"alpha", attr::kFloat, 0, static_cast<float>(exporting::attr_scalar(n, "alpha").to_double()), {}};
+      g.node("Elu", {in_as(0, odt)}, out, {alpha});
+      return;
+    }
+    case OpKind::MaskedFill:
+      g.node("Where", {in_as(1, kBool), g.scalar(exporting::attr_scalar(n, "value"), odt), in_as(0, odt)}, out);
+      return;
+    case OpKind::Tril:
+    case OpKind::Triu: {
+      std::string k = g.initializer(full({}, exporting::attr_int(n, "diagonal"), kInt64));
+      g.node("Trilu", {in[0], k}, out, {attr_int("upper", n.op == OpKind::Triu)});
+      return;
+    }
+    case OpKind::OneHot: {
+      std::string depth = g.initializer(full({}, exporting::attr_int(n, "num_classes"), kInt64));
+      std::string values = g.ints({0, 1});
+      g.node("OneHot", {in_as(0, kInt64), depth, values}, out, {attr_int("axis", -1)});
+      return;
+    }
+    case OpKind::Stack: {
+      const int64_t d = wrap(exporting::attr_int(n, "dim"), static_cast<int64_t>(ov.shape.size()), n);
+      std::vector<std::string> parts;
+      for (size_t i = 0; i < in.size(); ++i) parts.push_back(g.node("Unsqueeze", {in_as(i, odt), g.ints({d})}));
+      g.node("Concat", parts, out, {attr_int("axis", d)});
+      return;
+    }
+    case OpKind::Gather: {
+      if (in_rank == 0) unsupported("gather on a 0-d tensor");
+      g.node("GatherElements", {in[0], in_as(1, kInt64)}, out,
+             {attr_int("axis", wrap(exporting::attr_int(n, "dim"), in_rank, n))});
+      return;
+    }
+    case OpKind::Scatter:
+    case OpKind::ScatterAdd:
+    case OpKind::ScatterValue:
+    case OpKind::IndexAdd: {
+      if (in_rank == 0) unsupported("a scatter into a 0-d tensor");
+      const int64_t d = wrap(exporting::attr_int(n, "dim"), in_rank, n);
+      std::string idx = in_as(1, kInt64), updates;
+      const Shape& ishape = iv(1).shape;
+      if (n.op == OpKind::ScatterValue) {
+        updates = g.node("Expand", {g.scalar(exporting::attr_scalar(n, "value"), odt),
+                                    g.ints(std::vector<int64_t>(ishape.begin(), ishape.end()))});
+      } else if (n.op == OpKind::IndexAdd) {  // index broadcast over source's other dims
+        const Shape& sshape = iv(2).shape;
+        if (sshape.size() != static_cast<size_t>(in_rank)) unsupported("index_add with a 0-d source");
+        std::vector<int64_t> r(static_cast<size_t>(in_rank), 1);
+        r[d] = -1;
+        idx = g.node("Expand", {g.node("Reshape", {idx, g.ints(r)}),
+                                g.ints(std::vector<int64_t>(sshape.begin(), sshape.end()))});
+        updates = in_as(2, odt);
+        Scalar alpha = exporting::attr_scalar(n, "alpha");
+        if (alpha.to_double() != 1) updates = g.node("Mul", {updates, g.scalar(alpha, odt)});
+      } else {
+        updates = in_as(2, odt);
+        if (!(iv(2).shape == ishape)) {  // src may be larger than index: ScatterElements wants index's shape
+          std::vector<int64_t> zeros(ishape.size(), 0), ends(ishape.begin(), ishape.end());
+          updates = g.node("Slice", {updates, g.ints(zeros), g.ints(ends)});
+        }
+      }
+      std::vector<OnnxAttr> attrs{attr_int("axis", d)};
+      if (n.op == OpKind::ScatterAdd || n.op == OpKind::IndexAdd) {
+        OnnxAttr red{"reduction", attr::kString, 0, 0, {}};
+        red.s = "add";
+        attrs.push_back(red);
+      }
+      g.node("ScatterElements", {in_as(0, odt), idx, updates}, out, attrs);
+      return;
+    }
+    case OpKind::Cumsum: {
+      const int64_t d = wrap(exporting::attr_int(n, "dim"), std::max<int64_t>(in_rank, 1), n);
+      std::string x = in_as(0, odt);
+      if (in_rank == 0) x = g.node("Unsqueeze", {x, g.ints({0})});
+      std::string axis = g.initializer(full({}, d, kInt64));
+      if (in_rank == 0) g.node("Squeeze", {g.node("CumSum", {x, axis}), g.ints({0})}, out);
+      else g.node("CumSum", {x, axis}, out);
+      return;
+    }
+    case OpKind::Sort:
+    case OpKind::Argsort:
+    case OpKind::Topk:
+    case OpKind::TopkIndices: {  // TopK: ties keep the lower index first, as a stable sort
+      if (in_rank == 0) unsupported("sort / topk of a 0-d tensor");
+      const int64_t d = wrap(exporting::attr_int(n, "dim"), in_rank, n);
+      const bool is_topk = n.op == OpKind::Topk || n.op == OpKind::TopkIndices;
+      if (!is_topk && iv(0).shape[d] == exporting::kBatch && d == 0) unsupported("sort over the dynamic batch dim");
+      const int64_t k = is_topk ? exporting::attr_int(n, "k") : iv(0).shape[d];
+      const bool largest = is_topk ? exporting::attr_bool(n, "largest") : exporting::attr_bool(n, "descending");
+      const bool want_values = n.op == OpKind::Sort || n.op == OpKind::Topk;
+      std::string other = g.fresh();
+      g.node_outputs("TopK", {in[0], g.ints({k})}, want_values ? std::vector<std::string>{out, other}
+                                                                : std::vector<std::string>{other, out},
+                     {attr_int("axis", d), attr_int("largest", largest), attr_int("sorted", 1)});
       return;
     }
   }

@@ -13,6 +13,10 @@
 #include <tapegrad/nn/loss.h>
 // ---- issue 15: classification losses
 #include <tapegrad/nn/classification.h>
+// ---- issue 15: normalization, embedding, dropout
+#include <tapegrad/nn/dropout.h>
+#include <tapegrad/nn/embedding.h>
+#include <tapegrad/nn/normalization.h>
 
 namespace tg::exporting {
 
@@ -59,6 +63,11 @@ const OpSchema& op_schema(OpKind op) {
   static const OpSchema kNllLoss{3, {{"reduction", T::Int}, {"ignore_index", T::Int}}, 1};   // [, weight]
   static const OpSchema kBceWithLogits{
       4, {{"reduction", T::Int}, {"has_weight", T::Bool}, {"has_pos_weight", T::Bool}}, 2};  // [, weight][, pos_weight]
+  // ---- issue 15: normalization, embedding, dropout
+  static const OpSchema kLayerNorm{3, {{"normalized_shape", T::Ints}, {"eps", T::Scalar}}, 2};  // x[, w[, b]]
+  static const OpSchema kRmsNorm{2, {{"normalized_shape", T::Ints}, {"eps", T::Scalar}}, 1};    // x[, w]
+  static const OpSchema kEmbedding{2, {}};                                                       // index, weight
+  static const OpSchema kDropout{1, {{"p", T::Scalar}}};
   switch (op) {  // no default: a new op in TG_FORALL_OPS is a -Wswitch warning here
     case OpKind::Add:
     case OpKind::Sub: return kAlpha;
@@ -129,6 +138,68 @@ const OpSchema& op_schema(OpKind op) {
     case OpKind::CrossEntropy: return kCrossEntropy;
     case OpKind::NllLoss: return kNllLoss;
     case OpKind::BceWithLogits: return kBceWithLogits;
+    // ---- issue 15: normalization, embedding, dropout
+    case OpKind::LayerNorm: return kLayerNorm;
+    case OpKind::RmsNorm: return kRmsNorm;
+    case OpKind::Embedding: return kEmbedding;
+    case OpKind::Dropout: return kDropout;
+    // ---- issue 15: general ops
+    case OpKind::Sin:
+    case OpKind::Cos:
+    case OpKind::Rsqrt:
+    case OpKind::Silu:
+    case OpKind::GeluTanh: return kUnary;
+    case OpKind::Softplus: {
+      static const OpSchema kSoftplus{1, {{"beta", T::Scalar}, {"threshold", T::Scalar}}};
+      return kSoftplus;
+    }
+    case OpKind::LeakyRelu: {
+      static const OpSchema kLeakyRelu{1, {{"negative_slope", T::Scalar}}};
+      return kLeakyRelu;
+    }
+    case OpKind::Elu: {
+      static const OpSchema kElu{1, {{"alpha", T::Scalar}}};
+      return kElu;
+    }
+    case OpKind::MaskedFill: {
+      static const OpSchema kMaskedFill{2, {{"value", T::Scalar}}};
+      return kMaskedFill;
+    }
+    case OpKind::Tril:
+    case OpKind::Triu: {
+      static const OpSchema kTri{1, {{"diagonal", T::Int}}};
+      return kTri;
+    }
+    case OpKind::OneHot: {
+      static const OpSchema kOneHot{1, {{"num_classes", T::Int}}};
+      return kOneHot;
+    }
+    case OpKind::Stack: return kCat;
+    case OpKind::Gather: return kIndexSelect;  // (input, index), dim
+    case OpKind::Scatter:
+    case OpKind::ScatterAdd: {
+      static const OpSchema kScatter{3, {{"dim", T::Int}}};
+      return kScatter;
+    }
+    case OpKind::ScatterValue: {
+      static const OpSchema kScatterValue{2, {{"dim", T::Int}, {"value", T::Scalar}}};
+      return kScatterValue;
+    }
+    case OpKind::IndexAdd: {
+      static const OpSchema kIndexAdd{3, {{"dim", T::Int}, {"alpha", T::Scalar}}};
+      return kIndexAdd;
+    }
+    case OpKind::Cumsum: return kDim;
+    case OpKind::Sort:
+    case OpKind::Argsort: {
+      static const OpSchema kSort{1, {{"dim", T::Int}, {"descending", T::Bool}}};
+      return kSort;
+    }
+    case OpKind::Topk:
+    case OpKind::TopkIndices: {
+      static const OpSchema kTopk{1, {{"k", T::Int}, {"dim", T::Int}, {"largest", T::Bool}}};
+      return kTopk;
+    }
   }
   TG_ERROR("export: no schema for op ", static_cast<int>(op));
 }
@@ -437,6 +508,40 @@ Tensor execute(const Node& n, const std::vector<Tensor>& in, DType out_dtype) {
       Tensor pw = attr_bool(n, "has_pos_weight") ? in.at(k++) : Tensor();
       return nn::functional::binary_cross_entropy_with_logits(a(), b(), {.reduction = red, .weight = w, .pos_weight = pw});
     }
+    // ---- issue 15: normalization, embedding, dropout
+    case OpKind::LayerNorm:
+      return nn::functional::layer_norm(a(), Shape(attr_ints(n, "normalized_shape")), in.size() > 1 ? in[1] : Tensor(),
+                                        in.size() > 2 ? in[2] : Tensor(), attr_scalar(n, "eps").to_double());
+    case OpKind::RmsNorm:
+      return nn::functional::rms_norm(a(), Shape(attr_ints(n, "normalized_shape")), in.size() > 1 ? in[1] : Tensor(),
+                                      attr_scalar(n, "eps").to_double());
+    case OpKind::Embedding: return nn::functional::embedding(a(), b());
+    case OpKind::Dropout: return nn::functional::dropout(a(), attr_scalar(n, "p").to_double(), true);
+    // ---- issue 15: general ops
+    case OpKind::Sin: return sin(a());
+    case OpKind::Cos: return cos(a());
+    case OpKind::Rsqrt: return rsqrt(a());
+    case OpKind::Silu: return silu(a());
+    case OpKind::GeluTanh: return gelu(a(), "tanh");
+    case OpKind::Softplus: return softplus(a(), attr_scalar(n, "beta"), attr_scalar(n, "threshold"));
+    case OpKind::LeakyRelu: return leaky_relu(a(), attr_scalar(n, "negative_slope"));
+    case OpKind::Elu: return elu(a(), attr_scalar(n, "alpha"));
+    case OpKind::MaskedFill: return masked_fill(a(), b(), attr_scalar(n, "value"));
+    case OpKind::Tril: return tril(a(), attr_int(n, "diagonal"));
+    case OpKind::Triu: return triu(a(), attr_int(n, "diagonal"));
+    case OpKind::OneHot: return one_hot(a(), attr_int(n, "num_classes"));
+    case OpKind::Stack: return stack(in, attr_int(n, "dim"));
+    case OpKind::Gather: return gather(a(), attr_int(n, "dim"), b());
+    case OpKind::Scatter: return scatter(a(), attr_int(n, "dim"), b(), in.at(2));
+    case OpKind::ScatterValue: return scatter(a(), attr_int(n, "dim"), b(), attr_scalar(n, "value"));
+    case OpKind::ScatterAdd: return scatter_add(a(), attr_int(n, "dim"), b(), in.at(2));
+    case OpKind::IndexAdd: return index_add(a(), attr_int(n, "dim"), b(), in.at(2), attr_scalar(n, "alpha"));
+    case OpKind::Cumsum: return cumsum(a(), attr_int(n, "dim"));
+    case OpKind::Sort: return std::get<0>(sort(a(), attr_int(n, "dim"), attr_bool(n, "descending")));
+    case OpKind::Argsort: return argsort(a(), attr_int(n, "dim"), attr_bool(n, "descending"));
+    case OpKind::Topk: return std::get<0>(topk(a(), attr_int(n, "k"), attr_int(n, "dim"), attr_bool(n, "largest")));
+    case OpKind::TopkIndices:
+      return std::get<1>(topk(a(), attr_int(n, "k"), attr_int(n, "dim"), attr_bool(n, "largest")));
   }
   TG_ERROR("export: cannot execute op ", static_cast<int>(n.op));
 }

@@ -9,3 +9,8 @@
 #include <tapegrad/nn/serialize.h>
 // ---- issue 15: classification losses, Softmax / LogSoftmax
 #include <tapegrad/nn/classification.h>
+// ---- issue 15: normalization, embedding, dropout
+#include <tapegrad/nn/dropout.h>
+#include <tapegrad/nn/embedding.h>
+#include <tapegrad/nn/module_list.h>
+#include <tapegrad/nn/normalization.h>

@@ -63,6 +63,21 @@ namespace tg::backend {
   _(AbsBackward, 2)      /* g * sign(x) */                                             \
   _(PowScalarBackward, 2) /* g * p0 * x^(p0 - 1); 0 where p0 == 0 */                   \
   _(SqrtBackward, 2)     /* g / (2 y), y = sqrt output */                              \
+  /* ---- issue 15: general ops (unary math, activations and their backward) */       \
+  _(Sin, 1)                                                                            \
+  _(Cos, 1)                                                                            \
+  _(Rsqrt, 1)                                                                          \
+  _(Silu, 1)             /* x * sigmoid(x) */                                          \
+  _(GeluTanh, 1)         /* 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) */       \
+  _(Softplus, 1)         /* p0 = beta, p1 = threshold: x where beta x > threshold */   \
+  _(LeakyRelu, 1)        /* x > 0 ? x : p0 x */                                        \
+  _(Elu, 1)              /* x > 0 ? x : p0 (exp(x) - 1) */                             \
+  _(RsqrtBackward, 2)    /* -0.5 g y^3, y = rsqrt output */                           \
+  _(SiluBackward, 2)     /* g * d/dx silu(x) */                                        \
+  _(GeluTanhBackward, 2) /* g * d/dx gelu_tanh(x) */                                   \
+  _(SoftplusBackward, 2) /* g * sigmoid(beta x); g where beta x > threshold */         \
+  _(LeakyReluBackward, 2) /* x > 0 ? g : p0 g */                                       \
+  _(EluBackward, 2)      /* x > 0 ? g : g p0 exp(x) */                                 \
   /* ternary */                                                                        \
   _(Where, 3)          /* cond (bool) ? a : b */
 
@@ -252,11 +267,63 @@ class Backend {
   // cross_entropy. Returns false, having done nothing, when it has no such path (the default).
   virtual bool cross_entropy_reduced(const CrossEntropyArgs& args, bool mean, const Tensor& out, const Tensor& lse,
                                      const Tensor& denom, const Tensor& grad_logits);
+  // ---- issue 15: normalization, embedding, dropout (defaults throw: core/native/normalization.cpp)
+  // layer_norm (rms = false) / rms_norm (rms = true) over rows of a.cols elements (NormArgs).
+  virtual void norm_forward(const struct NormArgs& a);
+  virtual void norm_backward(const struct NormBackwardArgs& a);
+  // grad_weight[index[j]] += grad[j] for every j except index[j] == padding_idx (-1: none).
+  // grad_weight: zeroed, contiguous [num, dim]; grad: contiguous [n, dim] of grad_weight's dtype;
+  // index: contiguous [n] int64 / int32, validated in range. Accumulated in float (double for
+  // float64). deterministic: a fixed summation order (CUDA: sorted indices, segmented sums);
+  // else the device may add with atomics.
+  virtual void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index,
+                                  int64_t padding_idx, bool deterministic);
+  // out[i] = keep(i) ? x[i] * scale : 0 with keep(i) = philox::uniform_f32(seed, offset, i) >= p
+  // (one counter per element, any floating dtype). out, x: contiguous, one dtype and numel.
+  // The backward is the same call on the gradient: the mask is regenerated, never stored.
+  virtual void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset);
+
+  // ---- issue 15: general ops (the defaults throw; core/native/general.cpp)
+  // Along dim, over the positions p of index's shape (index: int64, any strides, values validated
+  // in [0, size of dim)); the other operands are addressed by their own sizes and strides:
+  //   gather:  out[p] = in[p with p[dim] = index[p]]; out has index's shape.
+  //   scatter: out[p with p[dim] = index[p]] = src[p] (accumulate: +=, repeats add up); out
+  //            contiguous, src any strides (0 for a broadcast value). One dtype for out, in, src.
+  virtual void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index);
+  virtual void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate);
+  // Inclusive prefix sums of the rows of a contiguous [rows, n] `in` into contiguous `out` of the
+  // same shape: one floating dtype (accumulated in float, double for float64), or int64 out of
+  // int64 / int32 / bool in.
+  virtual void cumsum(const Tensor& out, const Tensor& in);
+  // Stable sort of each row of a contiguous [rows, n] floating or integer `in`: values (in's dtype)
+  // and int64 indices into the row, both contiguous [rows, n]. NaN sorts as the largest value.
+  virtual void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool descending);
 };
 inline constexpr int kMaxAddN = 32;
 inline constexpr int kMaxGatherRows = 8;
 inline constexpr int kMaxLinearGradOut = 8;
 inline constexpr int kMaxLinearGradIn = 2048;
+
+// ---- issue 15: normalization, embedding, dropout
+// layer_norm / rms_norm over the last `cols` elements: x, y contiguous [rows, cols]; weight and
+// bias contiguous [cols] of x's dtype, or undefined (1 / 0). mean (layer_norm only) and rstd:
+// contiguous [rows], float64 for float64 x, else float32. Statistics accumulate in float
+// (double for float64); var is the biased variance; rms: rstd = 1 / sqrt(mean(x^2) + eps).
+struct NormArgs {
+  Tensor x, weight, bias, y, mean, rstd;
+  int64_t rows = 0, cols = 0;
+  double eps = 0;
+  bool rms = false;
+};
+// The gradients from the saved mean / rstd (rms: mean undefined). Each of grad_x,
+// grad_weight, grad_bias may be undefined (not wanted); defined ones are contiguous of x's
+// dtype. grad_out: contiguous [rows, cols] of x's dtype. rows >= 1.
+struct NormBackwardArgs {
+  Tensor grad_out, x, weight, mean, rstd;
+  Tensor grad_x, grad_weight, grad_bias;
+  int64_t rows = 0, cols = 0;
+  bool rms = false;
+};
 
 Backend& get(DeviceType type);
 // How many backend ops this thread has dispatched (a cheap counter for benchmarks: on CUDA

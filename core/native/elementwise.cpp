@@ -98,6 +98,11 @@ bool is_float_only(ElemOp op) {
     case ElemOp::RDivScalar: case ElemOp::ReluBackward: case ElemOp::GeluBackward: case ElemOp::SigmoidBackward:
     case ElemOp::TanhBackward: case ElemOp::ClampBackward: case ElemOp::AbsBackward:
     case ElemOp::PowScalarBackward: case ElemOp::SqrtBackward:
+    // ---- issue 15: general ops
+    case ElemOp::Sin: case ElemOp::Cos: case ElemOp::Rsqrt: case ElemOp::Silu: case ElemOp::GeluTanh:
+    case ElemOp::Softplus: case ElemOp::LeakyRelu: case ElemOp::Elu: case ElemOp::RsqrtBackward:
+    case ElemOp::SiluBackward: case ElemOp::GeluTanhBackward: case ElemOp::SoftplusBackward:
+    case ElemOp::LeakyReluBackward: case ElemOp::EluBackward:
       return true;
     default:
       return false;

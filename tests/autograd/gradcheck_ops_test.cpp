@@ -156,6 +156,52 @@ std::vector<OpCase> cases() {
     return nn::functional::binary_cross_entropy_with_logits(v[0], v[1] - 0.5,
                                                             {.pos_weight = cw(v[0], {0.5, 2.0, 1.0, 3.0})});
   });
+  // ---- issue 15: normalization, embedding, dropout
+  add("layer_norm", {N({4, 6}), N({6}), N({6})},
+      [](const Inputs& v) { return tg::nn::functional::layer_norm(v[0], {6}, v[1], v[2]); });
+  add("layer_norm_2d_shape_noncontig", {N({5, 3, 4}), N({5, 3})}, [](const Inputs& v) {
+    return tg::nn::functional::layer_norm(v[0].transpose(0, 2), {3, 5}, v[1].t(), Tensor(), 1e-3);
+  });
+  add("layer_norm_no_affine", {N({3, 7})}, [](const Inputs& v) { return tg::nn::functional::layer_norm(v[0], {7}); });
+  add("rms_norm", {N({4, 6}), N({6})}, [](const Inputs& v) { return tg::nn::functional::rms_norm(v[0], {6}, v[1]); });
+  add("rms_norm_noncontig_no_weight", {N({6, 4})},
+      [](const Inputs& v) { return tg::nn::functional::rms_norm(v[0].t(), {6}, Tensor(), 1e-4); });
+  add("embedding", {I({3, 0, 3, 4, 1, 3}), N({5, 4})},
+      [](const Inputs& v) { return tg::nn::functional::embedding(v[0].view({2, 3}), v[1]); });
+  add("dropout_fixed_seed", {N({4, 5})}, [](const Inputs& v) {
+    tg::manual_seed(7);  // the same mask for every evaluation
+    return tg::nn::functional::dropout(v[0], 0.3);
+  });
+  // ---- issue 15: general ops
+  add("sin", {N({3, 4})}, [](const Inputs& v) { return v[0].sin(); });
+  add("cos_transposed", {N({4, 3})}, [](const Inputs& v) { return v[0].t().cos(); });
+  add("rsqrt", {P({3, 4})}, [](const Inputs& v) { return v[0].rsqrt(); });
+  add("silu", {N({3, 4})}, [](const Inputs& v) { return tg::silu(v[0]); });
+  add("gelu_tanh", {N({3, 4})}, [](const Inputs& v) { return v[0].gelu("tanh"); });
+  add("softplus", {N({3, 4})}, [](const Inputs& v) { return tg::softplus(v[0] * 3, 1.5, 2.0); });
+  add("leaky_relu", {N({3, 4})}, [](const Inputs& v) { return tg::leaky_relu(v[0], 0.2); });
+  add("elu", {N({3, 4})}, [](const Inputs& v) { return tg::elu(v[0], 1.3); });
+  auto idx2 = [](const Tensor& like, std::vector<int64_t> vals, Shape s) {
+    return tg::tensor<int64_t>(vals, s, TensorOptions(kInt64).device(like.device()));
+  };
+  add("masked_fill_broadcast", {N({4}), B({true, false, false, true, false, false, true, false}, {2, 4})},
+      [](const Inputs& v) { return v[0].masked_fill(v[1], 2.5); });
+  add("tril", {N({2, 3, 4})}, [](const Inputs& v) { return tg::tril(v[0], 1); });
+  add("triu_transposed", {N({4, 3})}, [](const Inputs& v) { return v[0].t().triu(); });
+  add("stack", {N({2, 3}), N({2, 3})}, [](const Inputs& v) { return tg::stack({v[0], v[1] * 2}, 1); });
+  add("gather", {N({3, 4})}, [idx2](const Inputs& v) { return v[0].gather(1, idx2(v[0], {3, 0, 3, 1, 1, 2}, {2, 3})); });
+  add("scatter", {N({3, 4}), N({2, 3})},
+      [idx2](const Inputs& v) { return tg::scatter(v[0], 0, idx2(v[0], {2, 0, 1, 1, 2, 0}, {2, 3}), v[1]); });
+  add("scatter_value", {N({3, 4})},
+      [idx2](const Inputs& v) { return v[0].scatter(1, idx2(v[0], {1, 3}, {2, 1}), -1.0); });
+  add("scatter_add", {N({3, 4}), N({2, 4})},
+      [idx2](const Inputs& v) { return tg::scatter_add(v[0], 0, idx2(v[0], {2, 2, 0, 1, 2, 2, 2, 1}, {2, 4}), v[1]); });
+  add("index_add", {N({4, 3}), N({3, 3}), I({3, 0, 3})},
+      [](const Inputs& v) { return tg::index_add(v[0], 0, v[2], v[1], -2.0); });
+  add("cumsum", {N({3, 4})}, [](const Inputs& v) { return v[0].cumsum(0); });
+  add("cumsum_transposed", {N({3, 4})}, [](const Inputs& v) { return tg::cumsum(v[0].t(), 1); });
+  add("sort_values", {N({3, 5})}, [](const Inputs& v) { return std::get<0>(tg::sort(v[0], 1, true)); });
+  add("topk_values", {N({4, 3})}, [](const Inputs& v) { return std::get<0>(v[0].topk(2, 0)); });
   return c;
 }
 

@@ -227,3 +227,51 @@ TEST(ExportOnnx, SoftmaxFamilyAndClassificationLosses) {
   if (!have_onnx_python()) GTEST_SKIP() << "python3 with onnx, onnxruntime and numpy not found";
   check_with_onnxruntime(ep, in, {"x0", "x1", "x2"});
 }
+// ---- issue 15: normalization, embedding, dropout
+TEST(ExportOnnx, LayerNormRmsNormEmbedding) {
+  if (!have_onnx_python()) GTEST_SKIP() << "python3 with onnx, onnxruntime and numpy not found";
+  tg::manual_seed(21);
+  auto w = tg::randn({6}), b = tg::randn({6}), w2 = tg::randn({3, 6}), table = tg::randn({10, 6});
+  namespace F = tg::nn::functional;
+  auto fn = [&](const std::vector<tg::Tensor>& in) {
+    tg::Tensor e = F::embedding(in[1], table);  // [4, 2, 6]
+    return std::vector<tg::Tensor>{F::layer_norm(in[0], {6}, w, b), F::layer_norm(in[0], {6}),
+                                   F::layer_norm(in[0].view({4, 2, 3}), {2, 3}, tg::Tensor(), b.view({2, 3})),
+                                   F::rms_norm(in[0], {6}, w, 1e-5), F::rms_norm(e, {2, 6}, w2.view({2, 9}).slice(1, 0, 6)),
+                                   e + F::dropout(e, 0.5, false)};
+  };
+  const std::vector<tg::Tensor> in{tg::randn({4, 6}),
+                                   tg::tensor<int64_t>({1, 9, 0, 0, 3, 7, 2, 9}, {4, 2}, tg::kInt64)};
+  auto ep = tg::export_function(fn, in, {{"w", w}, {"b", b}, {"w2", w2}, {"table", table}});
+  const std::string g = ep.graph();
+  for (const char* s : {"layer_norm(", "rms_norm(", "embedding("}) EXPECT_NE(g.find(s), std::string::npos) << s << g;
+  EXPECT_EQ(g.find("dropout("), std::string::npos) << g;  // eval mode: nothing traced
+  const std::vector<tg::Tensor> in2{tg::randn({4, 6}),
+                                    tg::tensor<int64_t>({0, 1, 2, 3, 4, 5, 6, 8}, {4, 2}, tg::kInt64)};
+  const std::vector<tg::Tensor> got = ep.run(in2), want = fn(in2);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) expect_close(to_f64(got[i]), to_f64(want[i]), 1e-6);
+  // The .tgx round trip keeps normalized_shape and eps.
+  const auto tgx_dir = scratch("tgx");
+  fs::create_directories(tgx_dir);
+  const auto tgx = (fs::path(tgx_dir) / "norm.tgx").string();
+  ep.save(tgx);
+  const std::vector<tg::Tensor> loaded = tg::ExportedProgram::load(tgx).run(in2);
+  ASSERT_EQ(loaded.size(), want.size());
+  for (size_t i = 0; i < loaded.size(); ++i) expect_close(to_f64(loaded[i]), to_f64(want[i]), 1e-6);
+  check_with_onnxruntime(ep, in2, {"x0", "x1"});
+}
+
+// A traced dropout (training mode) replays as dropout; ONNX gets a Dropout node in training mode.
+TEST(ExportOnnx, DropoutInTrainingModeIsTraced) {
+  auto fn = [](const std::vector<tg::Tensor>& in) {
+    return std::vector<tg::Tensor>{tg::nn::functional::dropout(in[0], 0.25)};
+  };
+  auto ep = tg::export_function(fn, {tg::randn({8, 8})}, {});
+  EXPECT_NE(ep.graph().find("dropout("), std::string::npos) << ep.graph();
+  const tg::Tensor y = ep.run({tg::ones({8, 8})})[0];
+  for (double v : to_f64(y)) EXPECT_TRUE(v == 0 || std::abs(v - 1 / 0.75) < 1e-6) << v;
+  const auto dir = scratch("onnx");
+  fs::create_directories(dir);
+  ep.save_onnx((fs::path(dir) / "dropout.onnx").string());
+}

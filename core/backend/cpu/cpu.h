@@ -46,6 +46,11 @@ void add_n(const Tensor& out, const std::vector<Tensor>& inputs);
 void mse_loss(const Tensor& out, const Tensor& input, const Tensor& target, backend::LossReduction r);  // loss.cpp
 void mse_loss_backward(const Tensor& grad_input, const Tensor& grad_target, const Tensor& grad, const Tensor& input,
                        const Tensor& target, backend::LossReduction r);
+// ---- issue 15: normalization, embedding, dropout (normalization.cpp)
+void norm_forward(const backend::NormArgs& a);
+void norm_backward(const backend::NormBackwardArgs& a);
+void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx);
+void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset);
 
 // ---- issue 15: softmax and cross_entropy (softmax.cpp)
 void softmax(const Tensor& out, const Tensor& in, bool log);
@@ -54,6 +59,12 @@ void cross_entropy(const backend::Backend::CrossEntropyArgs& args, const Tensor&
                    const Tensor& wt, const Tensor& grad_logits, const Tensor& denom);
 void cross_entropy_backward(const backend::Backend::CrossEntropyArgs& args, const Tensor& grad_logits,
                             const Tensor& lse, const Tensor& grad, const Tensor& denom);
+
+// ---- issue 15: general ops (general.cpp)
+void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index);
+void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate);
+void cumsum(const Tensor& out, const Tensor& in);
+void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool descending);
 
 // Name of an elementwise op for error messages.
 const char* op_name(backend::ElemOp op);

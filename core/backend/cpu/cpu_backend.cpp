@@ -79,6 +79,27 @@ class CpuBackend final : public backend::Backend {
                               const Tensor& grad, const Tensor& denom) override {
     cpu::cross_entropy_backward(args, grad_logits, lse, grad, denom);
   }
+  // ---- issue 15: normalization, embedding, dropout
+  void norm_forward(const backend::NormArgs& a) override { cpu::norm_forward(a); }
+  void norm_backward(const backend::NormBackwardArgs& a) override { cpu::norm_backward(a); }
+  void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx,
+                          bool) override {
+    cpu::embedding_backward(grad_weight, grad, index, padding_idx);  // always in a fixed order
+  }
+  void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset) override {
+    cpu::dropout(out, x, p, scale, seed, offset);
+  }
+  // ---- issue 15: general ops
+  void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index) override {
+    cpu::gather(out, in, dim, index);
+  }
+  void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate) override {
+    cpu::scatter(out, dim, index, src, accumulate);
+  }
+  void cumsum(const Tensor& out, const Tensor& in) override { cpu::cumsum(out, in); }
+  void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool descending) override {
+    cpu::sort(values, indices, in, descending);
+  }
 };
 
 }  // namespace

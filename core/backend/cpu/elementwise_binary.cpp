@@ -166,6 +166,55 @@ void binary_kernel(ElemOp op, const ElementwiseIter& it) {
         using A = opmath_t<decltype(tag)>;
         map2<decltype(tag)>(it, [](A g, A y) { return g / (y * A(2)); });
       });
+    // ---- issue 15: general ops, backward helpers (operand 1 the gradient, 2 the saved tensor)
+    case ElemOp::RsqrtBackward:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using A = opmath_t<decltype(tag)>;
+        map2<decltype(tag)>(it, [](A g, A y) { return A(-0.5) * g * y * y * y; });
+      });
+    case ElemOp::SiluBackward:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using A = opmath_t<decltype(tag)>;
+        map2<decltype(tag)>(it, [](A g, A x) {
+          const A s = A(1) / (A(1) + std::exp(-x));
+          return g * s * (A(1) + x * (A(1) - s));
+        });
+      });
+    case ElemOp::GeluTanhBackward:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using A = opmath_t<decltype(tag)>;
+        map2<decltype(tag)>(it, [](A g, A x) {
+          const A kBeta = A(0.7978845608028654), kKappa = A(0.044715);
+          const A inner = kBeta * (x + kKappa * x * x * x);
+          const A th = std::tanh(inner);
+          const A dinner = kBeta * (A(1) + A(3) * kKappa * x * x);
+          return g * (A(0.5) * (A(1) + th) + A(0.5) * x * (A(1) - th * th) * dinner);
+        });
+      });
+    case ElemOp::SoftplusBackward:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using T = decltype(tag);
+        using A = opmath_t<T>;
+        const A beta = param<T>(it, 0), threshold = param<T>(it, 1);
+        map2<T>(it, [beta, threshold](A g, A x) {
+          const A bx = beta * x;
+          return bx > threshold ? g : g / (A(1) + std::exp(-bx));
+        });
+      });
+    case ElemOp::LeakyReluBackward:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using T = decltype(tag);
+        using A = opmath_t<T>;
+        const A slope = param<T>(it, 0);
+        map2<T>(it, [slope](A g, A x) { return x > A(0) ? g : g * slope; });
+      });
+    case ElemOp::EluBackward:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using T = decltype(tag);
+        using A = opmath_t<T>;
+        const A alpha = param<T>(it, 0);
+        map2<T>(it, [alpha](A g, A x) { return x > A(0) ? g : g * alpha * std::exp(x); });
+      });
 
     case ElemOp::Where:
       return dispatch<Kinds::All>(op, t, [&](auto tag) {

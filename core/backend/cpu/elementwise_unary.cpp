@@ -178,6 +178,59 @@ void unary_kernel(ElemOp op, const ElementwiseIter& it) {
       return dispatch<Kinds::All>(op, it.dtypes[1], [&](auto tag) {
         compare_scalar<decltype(tag)>(it, [](auto a, auto b) { return a >= b; });
       });
+    // ---- issue 15: general ops
+    case ElemOp::Sin:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using A = opmath_t<decltype(tag)>;
+        map1<decltype(tag)>(it, [](A x) { return std::sin(x); });
+      });
+    case ElemOp::Cos:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using A = opmath_t<decltype(tag)>;
+        map1<decltype(tag)>(it, [](A x) { return std::cos(x); });
+      });
+    case ElemOp::Rsqrt:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using A = opmath_t<decltype(tag)>;
+        map1<decltype(tag)>(it, [](A x) { return A(1) / std::sqrt(x); });
+      });
+    case ElemOp::Silu:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using A = opmath_t<decltype(tag)>;
+        map1<decltype(tag)>(it, [](A x) { return x / (A(1) + std::exp(-x)); });
+      });
+    case ElemOp::GeluTanh:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using A = opmath_t<decltype(tag)>;
+        map1<decltype(tag)>(it, [](A x) {
+          const A kBeta = A(0.7978845608028654);  // sqrt(2 / pi)
+          return A(0.5) * x * (A(1) + std::tanh(kBeta * (x + A(0.044715) * x * x * x)));
+        });
+      });
+    case ElemOp::Softplus:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using T = decltype(tag);
+        using A = opmath_t<T>;
+        const A beta = param<T>(it, 0), threshold = param<T>(it, 1);
+        map1<T>(it, [beta, threshold](A x) {
+          const A bx = beta * x;
+          return bx > threshold ? x : std::log1p(std::exp(bx)) / beta;
+        });
+      });
+    case ElemOp::LeakyRelu:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using T = decltype(tag);
+        using A = opmath_t<T>;
+        const A slope = param<T>(it, 0);
+        map1<T>(it, [slope](A x) { return x > A(0) ? x : x * slope; });
+      });
+    case ElemOp::Elu:
+      return dispatch<Kinds::Float>(op, t, [&](auto tag) {
+        using T = decltype(tag);
+        using A = opmath_t<T>;
+        const A alpha = param<T>(it, 0);
+        map1<T>(it, [alpha](A x) { return x > A(0) ? x : alpha * std::expm1(x); });
+      });
     default:
       TG_ERROR("cpu unary_kernel: ", op_name(op), " is not a one-input op");
   }

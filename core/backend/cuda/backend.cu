@@ -133,6 +133,49 @@ class CudaBackend final : public Backend {
     cuda::detail::DeviceGuard guard(device_of(args.logits));
     return cuda::kern::cross_entropy_reduced(args, mean, out, lse, denom, grad_logits);
   }
+  // ---- issue 15: normalization, embedding, dropout
+  void norm_forward(const NormArgs& a) override {
+    if (a.rows == 0 || a.cols == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(a.x));
+    cuda::kern::norm_forward(a);
+  }
+  void norm_backward(const NormBackwardArgs& a) override {
+    if (a.rows == 0 || a.cols == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(a.x));
+    cuda::kern::norm_backward(a);
+  }
+  void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx,
+                          bool deterministic) override {
+    if (index.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(grad_weight));
+    cuda::kern::embedding_backward(grad_weight, grad, index, padding_idx, deterministic);
+  }
+  void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset) override {
+    if (x.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(x));
+    cuda::kern::dropout(out, x, p, scale, seed, offset);
+  }
+  // ---- issue 15: general ops
+  void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index) override {
+    if (out.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(out));
+    cuda::kern::gather(out, in, dim, index);
+  }
+  void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate) override {
+    if (index.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(out));
+    cuda::kern::scatter(out, dim, index, src, accumulate);
+  }
+  void cumsum(const Tensor& out, const Tensor& in) override {
+    if (out.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(out));
+    cuda::kern::cumsum(out, in);
+  }
+  void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool descending) override {
+    if (in.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(in));
+    cuda::kern::sort(values, indices, in, descending);
+  }
 };
 
 }  // namespace

@@ -60,6 +60,13 @@ bool elementwise_binary(ElemOp op, const ElementwiseIter& it) {
     TG_BINARY(AbsBackward, kFloats, AbsBackwardF<T>{})
     TG_BINARY_NARROWING(PowScalarBackward, false, kFloats, PowScalarBackwardF<T>{param<T>(it, 0)})
     TG_BINARY_NARROWING(SqrtBackward, true, kFloats, SqrtBackwardF<T>{})
+    // ---- issue 15: general ops
+    TG_BINARY(RsqrtBackward, kFloats, RsqrtBackwardF<T>{})
+    TG_BINARY(SiluBackward, kFloats, SiluBackwardF<T>{})
+    TG_BINARY(GeluTanhBackward, kFloats, GeluTanhBackwardF<T>{})
+    TG_BINARY(SoftplusBackward, kFloats, SoftplusBackwardF<T>{param<T>(it, 0), param<T>(it, 1)})
+    TG_BINARY(LeakyReluBackward, kFloats, LeakyReluBackwardF<T>{param<T>(it, 0)})
+    TG_BINARY(EluBackward, kFloats, EluBackwardF<T>{param<T>(it, 0)})
 #undef TG_BINARY_NARROWING
 #undef TG_BINARY
 #undef TG_BINARY_SAME_

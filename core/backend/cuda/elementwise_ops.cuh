@@ -118,6 +118,72 @@ template <class T> struct PowScalarBackwardF {
 };
 template <class T> struct SqrtBackwardF { __device__ T operator()(T g, T y) const { return g / (y * T(2)); } };
 
+// ---- issue 15: general ops (unary math, activations and their backward helpers)
+__device__ __forceinline__ float m_sin(float x) { return sinf(x); }
+__device__ __forceinline__ double m_sin(double x) { return ::sin(x); }
+__device__ __forceinline__ float m_cos(float x) { return cosf(x); }
+__device__ __forceinline__ double m_cos(double x) { return ::cos(x); }
+__device__ __forceinline__ float m_log1p(float x) { return log1pf(x); }
+__device__ __forceinline__ double m_log1p(double x) { return ::log1p(x); }
+__device__ __forceinline__ float m_expm1(float x) { return expm1f(x); }
+__device__ __forceinline__ double m_expm1(double x) { return ::expm1(x); }
+template <class T> struct SinF { __device__ T operator()(T a) const { return m_sin(a); } };
+template <class T> struct CosF { __device__ T operator()(T a) const { return m_cos(a); } };
+template <class T> struct RsqrtF { __device__ T operator()(T a) const { return T(1) / m_sqrt(a); } };
+template <class T> struct SiluF { __device__ T operator()(T a) const { return a / (T(1) + m_exp(-a)); } };
+template <class T> struct GeluTanhF {
+  __device__ T operator()(T a) const {
+    return T(0.5) * a * (T(1) + m_tanh(T(0.79788456080286535588) * (a + T(0.044715) * a * a * a)));
+  }
+};
+template <class T> struct SoftplusF {
+  T beta, threshold;
+  __device__ T operator()(T a) const {
+    const T bx = beta * a;
+    return bx > threshold ? a : m_log1p(m_exp(bx)) / beta;
+  }
+};
+template <class T> struct LeakyReluF {
+  T slope;
+  __device__ T operator()(T a) const { return a > T(0) ? a : a * slope; }
+};
+template <class T> struct EluF {
+  T alpha;
+  __device__ T operator()(T a) const { return a > T(0) ? a : alpha * m_expm1(a); }
+};
+template <class T> struct RsqrtBackwardF {
+  __device__ T operator()(T g, T y) const { return T(-0.5) * g * y * y * y; }
+};
+template <class T> struct SiluBackwardF {
+  __device__ T operator()(T g, T x) const {
+    const T s = T(1) / (T(1) + m_exp(-x));
+    return g * s * (T(1) + x * (T(1) - s));
+  }
+};
+template <class T> struct GeluTanhBackwardF {
+  __device__ T operator()(T g, T x) const {
+    const T kBeta = T(0.79788456080286535588), kKappa = T(0.044715);
+    const T th = m_tanh(kBeta * (x + kKappa * x * x * x));
+    const T dinner = kBeta * (T(1) + T(3) * kKappa * x * x);
+    return g * (T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * dinner);
+  }
+};
+template <class T> struct SoftplusBackwardF {
+  T beta, threshold;
+  __device__ T operator()(T g, T x) const {
+    const T bx = beta * x;
+    return bx > threshold ? g : g / (T(1) + m_exp(-bx));
+  }
+};
+template <class T> struct LeakyReluBackwardF {
+  T slope;
+  __device__ T operator()(T g, T x) const { return x > T(0) ? g : g * slope; }
+};
+template <class T> struct EluBackwardF {
+  T alpha;
+  __device__ T operator()(T g, T x) const { return x > T(0) ? g : g * alpha * m_exp(x); }
+};
+
 // ---- ternary / nullary / copy
 template <class T> struct WhereF { __device__ T operator()(bool c, T a, T b) const { return c ? a : b; } };
 template <class T> struct FillF { T v; __device__ T operator()() const { return v; } };

@@ -55,6 +55,15 @@ bool elementwise_unary(ElemOp op, const ElementwiseIter& it) {
     TG_UNARY_WIDENING(PowScalar, kFloats, PowScalarF<T>{param<T>(it, 0)})
     TG_UNARY(DivScalar, kFloats, DivScalarF<T>{param<T>(it, 0)})
     TG_UNARY(RDivScalar, kFloats, RDivScalarF<T>{param<T>(it, 0)})
+    // ---- issue 15: general ops
+    TG_UNARY(Sin, kFloats, SinF<T>{})
+    TG_UNARY(Cos, kFloats, CosF<T>{})
+    TG_UNARY(Rsqrt, kFloats, RsqrtF<T>{})
+    TG_UNARY(Silu, kFloats, SiluF<T>{})
+    TG_UNARY(GeluTanh, kFloats, GeluTanhF<T>{})
+    TG_UNARY(Softplus, kFloats, SoftplusF<T>{param<T>(it, 0), param<T>(it, 1)})
+    TG_UNARY(LeakyRelu, kFloats, LeakyReluF<T>{param<T>(it, 0)})
+    TG_UNARY(Elu, kFloats, EluF<T>{param<T>(it, 0)})
 #undef TG_UNARY_WIDENING
 #undef TG_UNARY
 #undef TG_UNARY_SAME_

@@ -30,5 +30,17 @@ void cross_entropy_backward(const backend::Backend::CrossEntropyArgs& args, cons
                             const Tensor& lse, const Tensor& grad, const Tensor& denom);
 bool cross_entropy_reduced(const backend::Backend::CrossEntropyArgs& args, bool mean, const Tensor& out,
                            const Tensor& lse, const Tensor& denom, const Tensor& grad_logits);
+// ---- issue 15: normalization, embedding, dropout
+void norm_forward(const backend::NormArgs& a);  // normalization.cu
+void norm_backward(const backend::NormBackwardArgs& a);
+void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset);
+void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx,
+                        bool deterministic);  // embedding.cu
+
+// ---- issue 15: general ops
+void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index);  // scatter_gather.cu
+void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate);
+void cumsum(const Tensor& out, const Tensor& in);  // scan_sort.cu
+void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool descending);
 
 }  // namespace tg::cuda::kern

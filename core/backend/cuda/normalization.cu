@@ -1,0 +1,648 @@
+// CUDA layer_norm / rms_norm (forward and backward) and dropout (issue 15).
+//
+// Why hand-written: cuDNN has no layer_norm backward that gives the input, weight and bias
+// gradients in one pass over the data, and composing reductions + elementwise ops reads a row
+// 3-5 times. Here a row is read once into registers by a group of threads (a warp for rows of up
+// to 64 16-byte vectors, else a block) with 16-byte loads; statistics are exact two-pass sums
+// over those registers in float (double for float64); forward writes y and the row's mean and
+// 1/std only. Backward reads x, dy (and the weight) once: each thread's columns are fixed across
+// the rows it visits, so it keeps the weight / bias gradient of its columns in registers over all
+// its rows; a block combines its groups in shared memory (in a fixed order), writes one partial
+// row, and a small kernel sums the partials per column in a fixed order: bit-reproducible.
+// Rows longer than 8192 vectors re-read the row per pass, and their weight / bias gradients come
+// from a column-parallel kernel over row chunks (reading x and dy once more).
+// Dropout: one thread per Philox block (4 elements), the mask recomputed, never stored.
+#include <algorithm>
+#include <type_traits>
+
+#include <tapegrad/core/philox.h>
+#include <tapegrad/core/backend/cuda/kernels.cuh>
+#include <tapegrad/core/backend/cuda/loops.cuh>
+#include <tapegrad/core/backend/cuda/reduce.cuh>
+
+namespace tg::cuda::kern {
+namespace {
+
+template <class T>
+using nacc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <class T, int V>
+struct alignas(sizeof(T) * V) NPack {
+  T v[V];
+};
+
+constexpr int kWarpRowsPerBlock = 4;  // warp mode: 4 rows (warps) per 128-thread block
+constexpr int kMaxK = 8;              // most 16-byte vectors per thread kept in registers
+
+// Sum over the group: a warp (G32) or the whole block. red: blockDim.x / 32 slots.
+template <bool G32, class A>
+__device__ __forceinline__ A group_sum(A v, A* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if constexpr (G32) {
+    return v;
+  } else {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();  // the previous use of red is over
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    A s = 0;
+    for (int i = 0; i < nw; ++i) s += red[i];
+    return s;
+  }
+}
+
+// One row per group (G32: a warp, for rows of <= 64 vectors; else the block); K vectors of V
+// elements per thread.
+template <class T, int V, int K, bool G32>
+__global__ void norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                T* __restrict__ y, nacc_t<T>* __restrict__ mean_out, nacc_t<T>* __restrict__ rstd_out,
+                                int64_t rows, int cols, nacc_t<T> eps, bool rms) {
+  using A = nacc_t<T>;
+  using P = NPack<T, V>;
+  __shared__ A red[32];
+  const int G = G32 ? 32 : blockDim.x;
+  const int groups_per_block = G32 ? blockDim.x / 32 : 1;
+  const int t = G32 ? (threadIdx.x & 31) : threadIdx.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * groups_per_block + (G32 ? threadIdx.x / 32 : 0);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * groups_per_block;
+  const int nvec = cols / V;
+  const A inv_n = A(1) / static_cast<A>(cols);
+  for (int64_t row = first; row < rows; row += stride) {
+    const P* xr = reinterpret_cast<const P*>(x + row * cols);
+    P buf[K];
+    A s = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int v = t + k * G;
+      if (v < nvec) {
+        buf[k] = xr[v];
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const A xv = cast<A>(buf[k].v[e]);
+          s += rms ? xv * xv : xv;
+        }
+      }
+    }
+    s = group_sum<G32>(s, red);
+    A mean = 0, var;
+    if (rms) {
+      var = s * inv_n;
+    } else {
+      mean = s * inv_n;
+      A ss = 0;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (t + k * G < nvec) {
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            const A d = cast<A>(buf[k].v[e]) - mean;
+            ss += d * d;
+          }
+        }
+      }
+      var = group_sum<G32>(ss, red) * inv_n;
+    }
+    const A rstd = A(1) / sqrt(var + eps);
+    if (t == 0) {
+      if (mean_out) mean_out[row] = mean;
+      rstd_out[row] = rstd;
+    }
+    P* yr = reinterpret_cast<P*>(y + row * cols);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int v = t + k * G;
+      if (v < nvec) {
+        P wv, bv, o;
+        if (w) wv = reinterpret_cast<const P*>(w)[v];
+        if (b) bv = reinterpret_cast<const P*>(b)[v];
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          A r = (cast<A>(buf[k].v[e]) - mean) * rstd;
+          if (w) r *= cast<A>(wv.v[e]);
+          if (b) r += cast<A>(bv.v[e]);
+          o.v[e] = cast<T>(r);
+        }
+        yr[v] = o;
+      }
+    }
+  }
+}
+
+// dx per row, and per-block partial sums of dw (g * xhat) and db (g) over the block's rows:
+// pw / pb [gridDim.x, cols] (null when not wanted). smem: 2 * cols accumulators (warp mode).
+template <class T, int V, int K, bool G32>
+__global__ void norm_bwd_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+                                const nacc_t<T>* __restrict__ mean, const nacc_t<T>* __restrict__ rstd,
+                                T* __restrict__ dx, nacc_t<T>* __restrict__ pw, nacc_t<T>* __restrict__ pb,
+                                int64_t rows, int cols, bool rms) {
+  using A = nacc_t<T>;
+  using P = NPack<T, V>;
+  __shared__ A red[32];
+  extern __shared__ unsigned char smem_raw[];
+  const int G = G32 ? 32 : blockDim.x;
+  const int groups_per_block = G32 ? blockDim.x / 32 : 1;
+  const int t = G32 ? (threadIdx.x & 31) : threadIdx.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * groups_per_block + (G32 ? threadIdx.x / 32 : 0);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * groups_per_block;
+  const int nvec = cols / V;
+  const A inv_n = A(1) / static_cast<A>(cols);
+  A accw[K][V], accb[K][V];
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int e = 0; e < V; ++e) accw[k][e] = accb[k][e] = 0;
+  for (int64_t row = first; row < rows; row += stride) {
+    const P* xr = reinterpret_cast<const P*>(x + row * cols);
+    const P* gr = reinterpret_cast<const P*>(g + row * cols);
+    const A m = rms ? A(0) : mean[row], rs = rstd[row];
+    P xb[K], gb[K];
+    A s1 = 0, s2 = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int v = t + k * G;
+      if (v < nvec) {
+        xb[k] = xr[v];
+        gb[k] = gr[v];
+        P wv;
+        if (w) wv = reinterpret_cast<const P*>(w)[v];
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const A gv = cast<A>(gb[k].v[e]);
+          const A xh = (cast<A>(xb[k].v[e]) - m) * rs;
+          accw[k][e] += gv * xh;
+          accb[k][e] += gv;
+          const A gy = w ? gv * cast<A>(wv.v[e]) : gv;
+          s1 += gy;
+          s2 += gy * xh;
+        }
+      }
+    }
+    if (!dx) continue;
+    s1 = rms ? A(0) : group_sum<G32>(s1, red) * inv_n;
+    s2 = group_sum<G32>(s2, red) * inv_n;
+    P* dr = reinterpret_cast<P*>(dx + row * cols);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int v = t + k * G;
+      if (v < nvec) {
+        P wv, o;
+        if (w) wv = reinterpret_cast<const P*>(w)[v];
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const A gv = cast<A>(gb[k].v[e]);
+          const A gy = w ? gv * cast<A>(wv.v[e]) : gv;
+          const A xh = (cast<A>(xb[k].v[e]) - m) * rs;
+          o.v[e] = cast<T>(rs * (gy - s1 - xh * s2));
+        }
+        dr[v] = o;
+      }
+    }
+  }
+  if (!pw && !pb) return;
+  if constexpr (G32) {
+    // The block's warps add their columns into shared memory one after another (fixed order).
+    A* sw = reinterpret_cast<A*>(smem_raw);
+    A* sb = sw + cols;
+    const int warp = threadIdx.x / 32;
+    for (int wi = 0; wi < groups_per_block; ++wi) {
+      if (warp == wi) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+          const int v = t + k * G;
+          if (v < nvec) {
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+              const int c = v * V + e;
+              sw[c] = wi == 0 ? accw[k][e] : sw[c] + accw[k][e];
+              sb[c] = wi == 0 ? accb[k][e] : sb[c] + accb[k][e];
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+      if (pw) pw[static_cast<int64_t>(blockIdx.x) * cols + c] = sw[c];
+      if (pb) pb[static_cast<int64_t>(blockIdx.x) * cols + c] = sb[c];
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int v = t + k * G;
+      if (v < nvec) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const int64_t c = static_cast<int64_t>(blockIdx.x) * cols + v * V + e;
+          if (pw) pw[c] = accw[k][e];
+          if (pb) pb[c] = accb[k][e];
+        }
+      }
+    }
+  }
+}
+
+// out[c] = sum over p of part[p, c], in p order. Block (32, 32): x a column, y strides over p.
+template <class T>
+__global__ void column_sum_kernel(const nacc_t<T>* __restrict__ part, int64_t parts, int cols, T* __restrict__ out) {
+  using A = nacc_t<T>;
+  __shared__ A s[32][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  A acc = 0;
+  if (c < cols)
+    for (int64_t p = threadIdx.y; p < parts; p += 32) acc += part[p * cols + c];
+  s[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    A r = 0;
+    for (int i = 0; i < 32; ++i) r += s[i][threadIdx.x];
+    out[c] = cast<T>(r);
+  }
+}
+
+// Rows longer than the registers hold (more than 8192 vectors): a block per row re-reads the
+// row from memory (L2) for each pass instead of keeping it in registers.
+template <class T, int V>
+__global__ void norm_fwd_long_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                     T* __restrict__ y, nacc_t<T>* __restrict__ mean_out,
+                                     nacc_t<T>* __restrict__ rstd_out, int64_t rows, int64_t cols, nacc_t<T> eps,
+                                     bool rms) {
+  using A = nacc_t<T>;
+  using P = NPack<T, V>;
+  __shared__ A red[32];
+  const int64_t nvec = cols / V;
+  const A inv_n = A(1) / static_cast<A>(cols);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const P* xr = reinterpret_cast<const P*>(x + row * cols);
+    A s = 0;
+    for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+      const P p = xr[v];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const A xv = cast<A>(p.v[e]);
+        s += rms ? xv * xv : xv;
+      }
+    }
+    s = group_sum<false>(s, red);
+    A mean = 0, var;
+    if (rms) {
+      var = s * inv_n;
+    } else {
+      mean = s * inv_n;
+      A ss = 0;
+      for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+        const P p = xr[v];
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const A d = cast<A>(p.v[e]) - mean;
+          ss += d * d;
+        }
+      }
+      var = group_sum<false>(ss, red) * inv_n;
+    }
+    const A rstd = A(1) / sqrt(var + eps);
+    if (threadIdx.x == 0) {
+      if (mean_out) mean_out[row] = mean;
+      rstd_out[row] = rstd;
+    }
+    P* yr = reinterpret_cast<P*>(y + row * cols);
+    for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+      const P p = xr[v];
+      P wv, bv, o;
+      if (w) wv = reinterpret_cast<const P*>(w)[v];
+      if (b) bv = reinterpret_cast<const P*>(b)[v];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        A r = (cast<A>(p.v[e]) - mean) * rstd;
+        if (w) r *= cast<A>(wv.v[e]);
+        if (b) r += cast<A>(bv.v[e]);
+        o.v[e] = cast<T>(r);
+      }
+      yr[v] = o;
+    }
+  }
+}
+
+// dx of long rows (two passes over the row); the weight / bias gradients come from
+// norm_wb_long_kernel.
+template <class T, int V>
+__global__ void norm_bwd_long_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+                                     const nacc_t<T>* __restrict__ mean, const nacc_t<T>* __restrict__ rstd,
+                                     T* __restrict__ dx, int64_t rows, int64_t cols, bool rms) {
+  using A = nacc_t<T>;
+  using P = NPack<T, V>;
+  __shared__ A red[32];
+  const int64_t nvec = cols / V;
+  const A inv_n = A(1) / static_cast<A>(cols);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const P* xr = reinterpret_cast<const P*>(x + row * cols);
+    const P* gr = reinterpret_cast<const P*>(g + row * cols);
+    const A m = rms ? A(0) : mean[row], rs = rstd[row];
+    A s1 = 0, s2 = 0;
+    for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+      const P xp = xr[v], gp = gr[v];
+      P wv;
+      if (w) wv = reinterpret_cast<const P*>(w)[v];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const A gv = cast<A>(gp.v[e]);
+        const A gy = w ? gv * cast<A>(wv.v[e]) : gv;
+        s1 += gy;
+        s2 += gy * (cast<A>(xp.v[e]) - m) * rs;
+      }
+    }
+    s1 = rms ? A(0) : group_sum<false>(s1, red) * inv_n;
+    s2 = group_sum<false>(s2, red) * inv_n;
+    P* dr = reinterpret_cast<P*>(dx + row * cols);
+    for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+      const P xp = xr[v], gp = gr[v];
+      P wv, o;
+      if (w) wv = reinterpret_cast<const P*>(w)[v];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const A gv = cast<A>(gp.v[e]);
+        const A gy = w ? gv * cast<A>(wv.v[e]) : gv;
+        o.v[e] = cast<T>(rs * (gy - s1 - (cast<A>(xp.v[e]) - m) * rs * s2));
+      }
+      dr[v] = o;
+    }
+  }
+}
+
+// Partial weight / bias gradients of long rows: block (32, 8) over 32 columns and the rows of
+// chunk blockIdx.y; pw / pb [gridDim.y, cols], summed by column_sum_kernel.
+template <class T>
+__global__ void norm_wb_long_kernel(const T* __restrict__ g, const T* __restrict__ x,
+                                    const nacc_t<T>* __restrict__ mean, const nacc_t<T>* __restrict__ rstd,
+                                    nacc_t<T>* __restrict__ pw, nacc_t<T>* __restrict__ pb, int64_t rows, int64_t cols,
+                                    int64_t rows_per_chunk) {
+  using A = nacc_t<T>;
+  __shared__ A sw[8][33], sb[8][33];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  A aw = 0, ab = 0;
+  if (c < cols) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+      const A gv = cast<A>(g[r * cols + c]);
+      const A m = mean ? mean[r] : A(0);
+      aw += gv * (cast<A>(x[r * cols + c]) - m) * rstd[r];
+      ab += gv;
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = aw;
+  sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    A tw = 0, tb = 0;
+    for (int i = 0; i < 8; ++i) {
+      tw += sw[i][threadIdx.x];
+      tb += sb[i][threadIdx.x];
+    }
+    if (pw) pw[static_cast<int64_t>(blockIdx.y) * cols + c] = tw;
+    if (pb) pb[static_cast<int64_t>(blockIdx.y) * cols + c] = tb;
+  }
+}
+
+struct NormPlan {
+  bool warp;     // a warp per row, else a block per row
+  int threads;   // block size
+  int k;         // vectors per thread (1, 2, 4 or 8); 0: a long row, read from memory per pass
+  int vec;       // V or 1
+  int64_t grid;  // blocks
+};
+
+// The smallest K of {1, 2, 4, 8} with per_group * K >= nvec.
+int pick_k(int64_t nvec, int per_group) {
+  for (int k = 1; k <= kMaxK; k *= 2)
+    if (nvec <= int64_t{per_group} * k) return k;
+  return 0;
+}
+
+NormPlan plan(int64_t rows, int64_t cols, int V, bool aligned, int device) {
+  NormPlan p;
+  p.vec = aligned && cols % V == 0 ? V : 1;
+  const int64_t nvec = cols / p.vec;
+  const int sms = sm_count(device);
+  // Warp mode up to 2 vectors per lane; blocks aim at 2 vectors per thread for 4-byte types and
+  // 1 for narrower ones (8 elements per vector already): backward keeps 2 K x V accumulators per
+  // thread, and more than ~64 registers costs occupancy (ptxas: <float, 4, 2> 55 registers,
+  // <bfloat16, 8, 4> 168).
+  if (nvec <= 32 * 2) {
+    p.warp = true;
+    p.threads = 32 * kWarpRowsPerBlock;
+    p.k = pick_k(nvec, 32);
+    p.grid = std::min<int64_t>((rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock, int64_t{sms} * 16);
+  } else {
+    p.warp = false;
+    // Whole warps, every thread with want_k vectors where the row allows ([32768, 768] float32:
+    // 96 threads of 2 vectors rather than 128 threads of 1 or 2).
+    const int64_t want_k = p.vec >= 8 ? 1 : 2;
+    p.threads = static_cast<int>(std::clamp<int64_t>((nvec + want_k * 32 - 1) / (want_k * 32) * 32, 64, 1024));
+    p.k = pick_k(nvec, p.threads);  // 0: longer than the registers hold (the *_long kernels)
+    p.grid = std::min<int64_t>(rows, int64_t{sms} * std::max(1, 2048 / p.threads));
+  }
+  p.grid = std::max<int64_t>(p.grid, 1);
+  return p;
+}
+
+template <class T, int V, class F>
+void with_vk(const NormPlan& p, F&& f) {
+  auto by_k = [&](auto vtag) {
+    constexpr int VV = decltype(vtag)::value;
+    switch (p.k) {
+      case 1:
+        f(std::integral_constant<int, VV>{}, std::integral_constant<int, 1>{});
+        break;
+      case 2:
+        f(std::integral_constant<int, VV>{}, std::integral_constant<int, 2>{});
+        break;
+      case 4:
+        f(std::integral_constant<int, VV>{}, std::integral_constant<int, 4>{});
+        break;
+      default:
+        f(std::integral_constant<int, VV>{}, std::integral_constant<int, 8>{});
+        break;
+    }
+  };
+  if (p.vec == V)
+    by_k(std::integral_constant<int, V>{});
+  else
+    by_k(std::integral_constant<int, 1>{});
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+void norm_forward(const backend::NormArgs& a) {
+  const int device = a.x.device().index();
+  cudaStream_t stream = detail::current_stream_handle(device);
+  const char* op = a.rms ? "rms_norm" : "layer_norm";
+  dispatch<kFloats>(a.x.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = nacc_t<T>;
+    constexpr int V = 16 / static_cast<int>(sizeof(T));
+    const T* x = static_cast<const T*>(a.x.data_ptr());
+    const T* w = a.weight.defined() ? static_cast<const T*>(a.weight.data_ptr()) : nullptr;
+    const T* b = a.bias.defined() ? static_cast<const T*>(a.bias.data_ptr()) : nullptr;
+    T* y = static_cast<T*>(a.y.data_ptr());
+    const bool aligned = aligned16(x) && aligned16(y) && (!w || aligned16(w)) && (!b || aligned16(b));
+    const NormPlan p = plan(a.rows, a.cols, V, aligned, device);
+    A* mean = a.mean.defined() ? static_cast<A*>(a.mean.data_ptr()) : nullptr;
+    A* rstd = static_cast<A*>(a.rstd.data_ptr());
+    if (p.k == 0) {
+      const auto grid = static_cast<unsigned>(p.grid);
+      if (p.vec == V)
+        norm_fwd_long_kernel<T, V>
+            <<<grid, p.threads, 0, stream>>>(x, w, b, y, mean, rstd, a.rows, a.cols, static_cast<A>(a.eps), a.rms);
+      else
+        norm_fwd_long_kernel<T, 1>
+            <<<grid, p.threads, 0, stream>>>(x, w, b, y, mean, rstd, a.rows, a.cols, static_cast<A>(a.eps), a.rms);
+      TG_CUDA_CHECK_LAUNCH();
+      return;
+    }
+    with_vk<T, V>(p, [&](auto vt, auto kt) {
+      constexpr int VV = decltype(vt)::value, KK = decltype(kt)::value;
+      const auto grid = static_cast<unsigned>(p.grid);
+      if (p.warp)
+        norm_fwd_kernel<T, VV, KK, true><<<grid, p.threads, 0, stream>>>(
+            x, w, b, y, mean, rstd, a.rows, static_cast<int>(a.cols), static_cast<A>(a.eps), a.rms);
+      else
+        norm_fwd_kernel<T, VV, KK, false><<<grid, p.threads, 0, stream>>>(
+            x, w, b, y, mean, rstd, a.rows, static_cast<int>(a.cols), static_cast<A>(a.eps), a.rms);
+      TG_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void norm_backward(const backend::NormBackwardArgs& a) {
+  const int device = a.x.device().index();
+  cudaStream_t stream = detail::current_stream_handle(device);
+  const char* op = a.rms ? "rms_norm backward" : "layer_norm backward";
+  dispatch<kFloats>(a.x.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = nacc_t<T>;
+    constexpr int V = 16 / static_cast<int>(sizeof(T));
+    const T* g = static_cast<const T*>(a.grad_out.data_ptr());
+    const T* x = static_cast<const T*>(a.x.data_ptr());
+    const T* w = a.weight.defined() ? static_cast<const T*>(a.weight.data_ptr()) : nullptr;
+    T* dx = a.grad_x.defined() ? static_cast<T*>(a.grad_x.data_ptr()) : nullptr;
+    const bool aligned = aligned16(g) && aligned16(x) && (!w || aligned16(w)) && (!dx || aligned16(dx));
+    const NormPlan p = plan(a.rows, a.cols, V, aligned, device);
+    const A* mean = a.mean.defined() ? static_cast<const A*>(a.mean.data_ptr()) : nullptr;
+    const A* rstd = static_cast<const A*>(a.rstd.data_ptr());
+    const bool want_w = a.grad_weight.defined(), want_b = a.grad_bias.defined();
+    // Partial rows of the weight / bias gradients: one per block, or per row chunk for long rows.
+    const int64_t chunk_rows = (a.rows + 63) / 64;
+    const int64_t parts = p.k == 0 ? (a.rows + chunk_rows - 1) / chunk_rows : p.grid;
+    DataPtr ws;
+    A *pw = nullptr, *pb = nullptr;
+    const size_t part = static_cast<size_t>(parts) * static_cast<size_t>(a.cols);
+    if (want_w || want_b) {
+      ws = detail::device_allocate(part * sizeof(A) * ((want_w ? 1 : 0) + (want_b ? 1 : 0)), device);
+      A* base = static_cast<A*>(ws.get());
+      if (want_w) pw = base;
+      if (want_b) pb = base + (want_w ? part : 0);
+    }
+    const size_t smem = p.warp && (want_w || want_b) ? 2 * static_cast<size_t>(a.cols) * sizeof(A) : 0;
+    if (p.k == 0) {
+      if (dx) {
+        const auto grid = static_cast<unsigned>(p.grid);
+        if (p.vec == V)
+          norm_bwd_long_kernel<T, V><<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, a.rows, a.cols, a.rms);
+        else
+          norm_bwd_long_kernel<T, 1><<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, a.rows, a.cols, a.rms);
+        TG_CUDA_CHECK_LAUNCH();
+      }
+      if (want_w || want_b) {
+        const dim3 grid(static_cast<unsigned>((a.cols + 31) / 32), static_cast<unsigned>(parts)), block(32, 8);
+        norm_wb_long_kernel<T><<<grid, block, 0, stream>>>(g, x, mean, rstd, pw, pb, a.rows, a.cols, chunk_rows);
+        TG_CUDA_CHECK_LAUNCH();
+      }
+    } else {
+      with_vk<T, V>(p, [&](auto vt, auto kt) {
+        constexpr int VV = decltype(vt)::value, KK = decltype(kt)::value;
+        const auto grid = static_cast<unsigned>(p.grid);
+        if (p.warp) {
+          auto kern = norm_bwd_kernel<T, VV, KK, true>;
+          if (smem > 48 * 1024)
+            TG_CUDA_CHECK(
+                cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+          kern<<<grid, p.threads, smem, stream>>>(g, x, w, mean, rstd, dx, pw, pb, a.rows, static_cast<int>(a.cols),
+                                                  a.rms);
+        } else {
+          norm_bwd_kernel<T, VV, KK, false><<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, pw, pb, a.rows,
+                                                                            static_cast<int>(a.cols), a.rms);
+        }
+        TG_CUDA_CHECK_LAUNCH();
+      });
+    }
+    const dim3 rblock(32, 32), rgrid(static_cast<unsigned>((a.cols + 31) / 32));
+    if (want_w) {
+      column_sum_kernel<T><<<rgrid, rblock, 0, stream>>>(pw, parts, static_cast<int>(a.cols),
+                                                         static_cast<T*>(a.grad_weight.data_ptr()));
+      TG_CUDA_CHECK_LAUNCH();
+    }
+    if (want_b) {
+      column_sum_kernel<T>
+          <<<rgrid, rblock, 0, stream>>>(pb, parts, static_cast<int>(a.cols), static_cast<T*>(a.grad_bias.data_ptr()));
+      TG_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+namespace {
+// Element i keeps when the float32 uniform of counter offset + i is >= p (core/philox.h's
+// mapping); one thread per block of 4 counters (offset is a multiple of 4), its 4 elements moved
+// as one vector when VEC (x and out aligned to 4 elements).
+template <class T, bool VEC>
+__global__ void dropout_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t n, float p, double scale,
+                               uint64_t seed, uint64_t offset) {
+  using A = opmath_t<T>;
+  using P = NPack<T, 4>;
+  const A s = static_cast<A>(scale);
+  const int64_t nblk = (n + 3) / 4;
+  for (int64_t bk = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; bk < nblk;
+       bk += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const philox::Block r = philox::generate(seed, (offset >> 2) + static_cast<uint64_t>(bk));
+    if (VEC && bk * 4 + 4 <= n) {
+      const P in = reinterpret_cast<const P*>(x)[bk];
+      P o;
+#pragma unroll
+      for (int l = 0; l < 4; ++l)
+        o.v[l] = philox::to_unit_f32(r.w[l]) >= p ? cast<T>(cast<A>(in.v[l]) * s) : cast<T>(A(0));
+      reinterpret_cast<P*>(out)[bk] = o;
+      continue;
+    }
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+      const int64_t i = bk * 4 + l;
+      if (i < n) out[i] = philox::to_unit_f32(r.w[l]) >= p ? cast<T>(cast<A>(x[i]) * s) : cast<T>(A(0));
+    }
+  }
+}
+}  // namespace
+
+void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset) {
+  const int device = x.device().index();
+  cudaStream_t stream = detail::current_stream_handle(device);
+  const int64_t n = x.numel();
+  dispatch<kFloats>(x.dtype(), "dropout", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int64_t nblk = (n + 3) / 4;
+    const auto grid = static_cast<unsigned>(
+        std::max<int64_t>(1, std::min<int64_t>((nblk + 255) / 256, int64_t{sm_count(device)} * 16)));
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* op = static_cast<T*>(out.data_ptr());
+    const bool vec = reinterpret_cast<uintptr_t>(xp) % sizeof(NPack<T, 4>) == 0 &&
+                     reinterpret_cast<uintptr_t>(op) % sizeof(NPack<T, 4>) == 0;
+    if (vec)
+      dropout_kernel<T, true><<<grid, 256, 0, stream>>>(xp, op, n, static_cast<float>(p), scale, seed, offset);
+    else
+      dropout_kernel<T, false><<<grid, 256, 0, stream>>>(xp, op, n, static_cast<float>(p), scale, seed, offset);
+    TG_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace tg::cuda::kern

@@ -1,0 +1,127 @@
+// layer_norm / rms_norm with their backward right below, and the modules.
+#include <tapegrad/nn/normalization.h>
+
+#include <limits>
+#include <vector>
+
+#include <tapegrad/autograd/function.h>
+#include <tapegrad/core/autocast_hook.h>
+#include <tapegrad/core/native.h>
+#include <tapegrad/core/trace.h>
+#include <tapegrad/nn/init.h>
+
+namespace tg::nn {
+
+namespace {
+double machine_eps(DType dt) {
+  switch (dt) {
+    case kFloat64:
+      return std::numeric_limits<double>::epsilon();
+    case kFloat16:
+      return 0.0009765625;  // 2^-10
+    case kBFloat16:
+      return 0.0078125;  // 2^-7
+    default:
+      return std::numeric_limits<float>::epsilon();
+  }
+}
+
+// The fused forward, and a node whose backward is one fused kernel (grad_x, grad_weight,
+// grad_bias from the saved x, weight, mean and rstd).
+Tensor norm_op(const char* op, const Tensor& x, const Shape& ns, const Tensor& weight, const Tensor& bias, double eps,
+               bool rms) {
+  native::NormResult r = native::norm_forward(op, x, ns, weight, bias, eps, rms);
+  if (!autograd::should_record(x, weight, bias)) return r.y;
+  autograd::SavedTensor sx(x, op), sw = weight.defined() ? autograd::SavedTensor(weight, op) : autograd::SavedTensor();
+  Tensor mean = r.mean, rstd = r.rstd;
+  const bool has_w = weight.defined();
+  return autograd::record(
+      op, {x, weight, bias}, std::move(r.y),
+      [sx, sw, has_w, mean, rstd, ns, rms](const Tensor& g, const autograd::FunctionNode& n) -> std::vector<Tensor> {
+        return native::norm_backward(g, sx.unpack(), ns, has_w ? sw.unpack() : Tensor(), mean, rstd, rms,
+                                     n.needs_input_grad(0), n.needs_input_grad(1), n.needs_input_grad(2));
+      });
+}
+// layer_norm's traced operands: x[, weight[, bias]], trailing ones only; a bias without a weight
+// traces a weight of ones. (Evaluated by TG_TRACE only while tracing.)
+std::vector<Tensor> traced_operands(const Tensor& x, const Shape& ns, const Tensor& weight, const Tensor& bias) {
+  std::vector<Tensor> ins{x};
+  if (weight.defined() || bias.defined())
+    ins.push_back(weight.defined() ? weight : native::full(ns, 1, x.dtype(), x.device()));
+  if (bias.defined()) ins.push_back(bias);
+  return ins;
+}
+}  // namespace
+
+namespace functional {
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  TG_AUTOCAST(LayerNorm, layer_norm(x, normalized_shape, weight, bias, eps), x, weight, bias);
+  Tensor out = norm_op("layer_norm", x, normalized_shape, weight, bias, eps, false);
+  TG_TRACE(LayerNorm, out, traced_operands(x, normalized_shape, weight, bias),
+           {{"normalized_shape", std::vector<int64_t>(normalized_shape)}, {"eps", eps}});
+  return out;
+}
+
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, std::optional<double> eps) {
+  TG_AUTOCAST(RmsNorm, rms_norm(x, normalized_shape, weight, eps), x, weight);
+  TG_CHECK(x.defined(), "rms_norm: input is undefined");
+  const double e = eps ? *eps : machine_eps(x.dtype());
+  Tensor out = norm_op("rms_norm", x, normalized_shape, weight, Tensor(), e, true);
+  if (weight.defined()) {
+    TG_TRACE(RmsNorm, out, {x, weight}, {{"normalized_shape", std::vector<int64_t>(normalized_shape)}, {"eps", e}});
+  } else {
+    TG_TRACE(RmsNorm, out, {x}, {{"normalized_shape", std::vector<int64_t>(normalized_shape)}, {"eps", e}});
+  }
+  return out;
+}
+
+}  // namespace functional
+
+namespace {
+void check_shape(const char* what, const Shape& s) {
+  TG_CHECK(!s.empty(), what, ": normalized_shape must have at least one dim");
+  for (int64_t d : s) TG_CHECK(d >= 0, what, ": normalized_shape must be non-negative, got ", s);
+}
+}  // namespace
+
+LayerNorm::LayerNorm(Shape shape, LayerNormOptions opts, TensorOptions tensor_options)
+    : normalized_shape(std::move(shape)), options(opts) {
+  check_shape("LayerNorm", normalized_shape);
+  TG_CHECK(is_floating(tensor_options.dtype()), "LayerNorm: parameters must be floating point, got ",
+           tensor_options.dtype());
+  const TensorOptions to = TensorOptions().dtype(tensor_options.dtype()).device(tensor_options.device());
+  if (options.elementwise_affine) {
+    weight = register_parameter("weight", empty(normalized_shape, to));
+    if (options.bias) bias = register_parameter("bias", empty(normalized_shape, to));
+  }
+  reset_parameters();
+}
+
+void LayerNorm::reset_parameters() {
+  if (weight.defined()) init::ones_(weight);
+  if (bias.defined()) init::zeros_(bias);
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  return functional::layer_norm(x, normalized_shape, weight, bias, options.eps);
+}
+
+RMSNorm::RMSNorm(Shape shape, RMSNormOptions opts, TensorOptions tensor_options)
+    : normalized_shape(std::move(shape)), options(opts) {
+  check_shape("RMSNorm", normalized_shape);
+  TG_CHECK(is_floating(tensor_options.dtype()), "RMSNorm: parameters must be floating point, got ",
+           tensor_options.dtype());
+  const TensorOptions to = TensorOptions().dtype(tensor_options.dtype()).device(tensor_options.device());
+  if (options.elementwise_affine) weight = register_parameter("weight", empty(normalized_shape, to));
+  reset_parameters();
+}
+
+void RMSNorm::reset_parameters() {
+  if (weight.defined()) init::ones_(weight);
+}
+
+Tensor RMSNorm::forward(const Tensor& x) { return functional::rms_norm(x, normalized_shape, weight, options.eps); }
+
+}  // namespace tg::nn
