@@ -392,7 +392,7 @@ __global__ void ce_bwd_kernel(const T* __restrict__ x, CeParams<acc_t<T>> p, con
 // The whole reduced forward of a small problem in one block (launches dominate there): the
 // denominator from the targets, then one warp per row (loss, lse, and the gradient when asked),
 // then the block's sum in a fixed order.
-constexpr int kSmallThreads = 1024;
+constexpr int kSmallThreads = 512;  // 1024 would cap registers at 64 and spill
 constexpr int64_t kSmallMaxNumel = int64_t{1} << 16;
 
 template <class T, int V>
