@@ -140,6 +140,13 @@ struct CrossEntropyRows {
 };
 CrossEntropyRows cross_entropy_rows(const backend::Backend::CrossEntropyArgs& args, bool want_grad = false,
                                     const Tensor& denom = Tensor());
+// The reduced loss in one launch where the backend has that path for this size (else false, nothing
+// done): out (0-d accumulation dtype), per-row lse, denom (mean only), grad (want_grad).
+struct CrossEntropyReduced {
+  Tensor out, lse, denom, grad;
+};
+bool cross_entropy_reduced(const backend::Backend::CrossEntropyArgs& args, bool mean, bool want_grad,
+                           CrossEntropyReduced& result);
 // The weighted mean's denominator, sum over rows of w[t] for targets other than ignore_index
 // (0-d, accumulation dtype), from the targets alone (a few small launches).
 Tensor cross_entropy_denominator(const backend::Backend::CrossEntropyArgs& args);

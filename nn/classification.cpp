@@ -96,22 +96,32 @@ Tensor cross_entropy_rows(const Tensor& x, const Tensor& target, const Tensor& w
   a.ignore_index = ignore_index;
   a.label_smoothing = eps;
   const bool rec = autograd::should_record(logits);
-  Tensor denom = r == LossReduction::Mean ? native::cross_entropy_denominator(a) : Tensor();
   const bool eager = rec && r != LossReduction::None && logits.is_cuda() && eager_cross_entropy_grad();
-  auto rows = native::cross_entropy_rows(a, eager, denom);
-  Tensor out;
-  if (r == LossReduction::None) {
-    out = rows.loss;
+  Tensor out, denom, lse, grad;
+  native::CrossEntropyReduced one;
+  if (r != LossReduction::None && native::cross_entropy_reduced(a, r == LossReduction::Mean, eager, one)) {
+    // small problems on CUDA: the whole forward (and the eager gradient) in one launch
+    out = one.out;
+    denom = one.denom;
+    lse = one.lse;
+    grad = one.grad;
   } else {
-    out = native::reduce(backend::ReduceOp::Sum, rows.loss, {}, false);
-    if (r == LossReduction::Mean) out = native::div(out, denom);
+    denom = r == LossReduction::Mean ? native::cross_entropy_denominator(a) : Tensor();
+    auto rows = native::cross_entropy_rows(a, eager, denom);
+    if (r == LossReduction::None) {
+      out = rows.loss;
+    } else {
+      out = native::reduce(backend::ReduceOp::Sum, rows.loss, {}, false);
+      if (r == LossReduction::Mean) out = native::div(out, denom);
+    }
+    lse = rows.lse;
+    grad = rows.grad;
   }
   out = native::to(out, out.device(), out_dtype);
   if (!rec) return out;
   autograd::SavedTensor sx(logits, "cross_entropy");
-  Tensor lse = rows.lse;
   a.logits = Tensor();
-  auto ready = std::make_shared<Tensor>(std::move(rows.grad));  // moved out once: the leaf may keep it
+  auto ready = std::make_shared<Tensor>(std::move(grad));  // moved out once: the leaf may keep it
   return autograd::record(
       "cross_entropy", {logits}, std::move(out),
       [sx, a, lse, denom, acc, ready](const Tensor& g, const autograd::FunctionNode&) -> std::vector<Tensor> {

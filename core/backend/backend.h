@@ -261,6 +261,12 @@ class Backend {
   // none) or 0-d; denom: 0-d or undefined; both of the accumulation dtype.
   virtual void cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& grad_logits, const Tensor& lse,
                                       const Tensor& grad, const Tensor& denom);
+  // The whole reduced forward in one launch where the backend has it for this size (CUDA: small
+  // problems, where launches dominate): out (0-d, accumulation dtype) = sum_i loss_i / denom for
+  // `mean` (denom, 0-d, written too) or the plain sum; lse per row; grad_logits when defined, as in
+  // cross_entropy. Returns false, having done nothing, when it has no such path (the default).
+  virtual bool cross_entropy_reduced(const CrossEntropyArgs& args, bool mean, const Tensor& out, const Tensor& lse,
+                                     const Tensor& denom, const Tensor& grad_logits);
   // ---- issue 15: normalization, embedding, dropout (defaults throw: core/native/normalization.cpp)
   // layer_norm (rms = false) / rms_norm (rms = true) over rows of a.cols elements (NormArgs).
   virtual void norm_forward(const struct NormArgs& a);

@@ -69,6 +69,20 @@ CrossEntropyRows cross_entropy_rows(const backend::Backend::CrossEntropyArgs& a,
   return r;
 }
 
+bool cross_entropy_reduced(const backend::Backend::CrossEntropyArgs& a, bool mean, bool want_grad,
+                           CrossEntropyReduced& r) {
+  const DType acc = cross_entropy_acc_dtype(a.logits.dtype());
+  const Device dev = a.logits.device();
+  if (a.logits.numel() == 0) return false;
+  r.out = empty({}, acc, dev);
+  r.lse = empty({a.logits.size(0)}, acc, dev);
+  r.denom = mean ? empty({}, acc, dev) : Tensor();
+  r.grad = want_grad ? empty(a.logits.sizes(), a.logits.dtype(), dev) : Tensor();
+  if (backend::get(dev.type()).cross_entropy_reduced(a, mean, r.out, r.lse, r.denom, r.grad)) return true;
+  r = CrossEntropyReduced{};
+  return false;
+}
+
 Tensor cross_entropy_rows_backward(const backend::Backend::CrossEntropyArgs& a, const Tensor& lse,
                                    const Tensor& grad, const Tensor& denom) {
   Tensor gx = empty(a.logits.sizes(), a.logits.dtype(), a.logits.device());
@@ -88,6 +102,10 @@ void Backend::softmax_backward(const Tensor&, const Tensor&, const Tensor& out, 
 void Backend::cross_entropy(const CrossEntropyArgs& a, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                             const Tensor&) {
   TG_ERROR("cross_entropy: no fused kernel on ", a.logits.device());
+}
+bool Backend::cross_entropy_reduced(const CrossEntropyArgs&, bool, const Tensor&, const Tensor&, const Tensor&,
+                                    const Tensor&) {
+  return false;
 }
 void Backend::cross_entropy_backward(const CrossEntropyArgs& a, const Tensor&, const Tensor&, const Tensor&,
                                      const Tensor&) {

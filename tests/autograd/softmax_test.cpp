@@ -452,7 +452,8 @@ TEST_P(Softmax, LossModules) {
 }
 
 // CUDA's row kernels against the float64 CPU reference over the shapes that pick each path: one
-// warp per row (<= 1024) or one block, 16-byte loads or not (odd rows, an offset view), every dtype.
+// warp per row (<= 1024) or one block, 16-byte loads or not (odd row lengths), contiguous or a
+// strided view, every dtype.
 TEST(SoftmaxCuda, RowKernelsMatchCpuFloat64) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   tg::manual_seed(21);
@@ -462,7 +463,7 @@ TEST(SoftmaxCuda, RowKernelsMatchCpuFloat64) {
       const int64_t rows = cols > 5000 ? 3 : 9;
       Tensor base = (tg::randn({rows, cols + 1}, TensorOptions(kFloat64)) * 4.0).to(dt);
       for (bool offset : {false, true}) {
-        Tensor x = offset ? base.slice(1, 1, cols + 1) : base.slice(1, 0, cols).contiguous();  // offset: unaligned rows
+        Tensor x = offset ? base.slice(1, 1, cols + 1) : base.slice(1, 0, cols).contiguous();  // offset: a strided view
         Tensor xc = x.to(kCUDA);
         const double tol = dt == kFloat64 ? 1e-12 : dt == kFloat32 ? 1e-5 : dt == kFloat16 ? 2e-3 : 1.6e-2;
         for (bool log : {false, true}) {
@@ -529,6 +530,22 @@ TEST(SoftmaxCuda, CrossEntropyFusedPathsMatchReference) {
           auto refn = ref_ce(hx, t, n, c, weighted ? w : std::vector<double>{}, -100, eps, "none");
           expect_near_vec(host(l4), refn.loss, tol, tol, "none");
         }
+    }
+  // every reduction, small (one launch: <= 2^16 logits, rows <= 1024) and not, against the CPU in float64
+  for (auto [n, c] : {std::pair<int64_t, int64_t>{6, 9}, {100, 1000}, {300, 2000}})
+    for (const char* red : {"mean", "sum", "none"}) {
+      SCOPED_TRACE(std::to_string(n) + "x" + std::to_string(c) + " " + red);
+      Tensor x = tg::randn({n, c}, kCUDA) * 2.0;
+      Tensor tt = (tg::clamp(tg::rand({n}, kCUDA) * static_cast<double>(c), 0, c - 1)).to(kInt64);
+      nn::functional::CrossEntropyOptions o{.reduction = red, .ignore_index = 0, .label_smoothing = 0.05};
+      Tensor xg = x.detach().requires_grad_(true);
+      Tensor l = cross_entropy(xg, tt, o);
+      (std::string(red) == "none" ? l.sum() : l).backward();
+      Tensor x64 = x.to(kCPU, kFloat64).requires_grad_(true);
+      Tensor l64 = cross_entropy(x64, tt.cpu(), o);
+      (std::string(red) == "none" ? l64.sum() : l64).backward();
+      expect_near_vec(host(l), host(l64), 1e-5, 1e-5, "loss");
+      expect_near_vec(host(xg.grad()), host(x64.grad()), 1e-7, 1e-4, "grad");
     }
   // an out-of-range class index on CUDA: a NaN loss, no synchronisation
   Tensor x = tg::randn({2, 5}, kCUDA);

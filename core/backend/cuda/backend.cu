@@ -127,6 +127,12 @@ class CudaBackend final : public Backend {
     cuda::detail::DeviceGuard guard(device_of(args.logits));
     cuda::kern::cross_entropy_backward(args, grad_logits, lse, grad, denom);
   }
+  bool cross_entropy_reduced(const CrossEntropyArgs& args, bool mean, const Tensor& out, const Tensor& lse,
+                             const Tensor& denom, const Tensor& grad_logits) override {
+    if (args.logits.numel() == 0) return false;
+    cuda::detail::DeviceGuard guard(device_of(args.logits));
+    return cuda::kern::cross_entropy_reduced(args, mean, out, lse, denom, grad_logits);
+  }
   // ---- issue 15: normalization, embedding, dropout
   void norm_forward(const NormArgs& a) override {
     if (a.rows == 0 || a.cols == 0) return;

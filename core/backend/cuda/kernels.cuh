@@ -28,6 +28,8 @@ void cross_entropy(const backend::Backend::CrossEntropyArgs& args, const Tensor&
                    const Tensor& wt, const Tensor& grad_logits, const Tensor& denom);
 void cross_entropy_backward(const backend::Backend::CrossEntropyArgs& args, const Tensor& grad_logits,
                             const Tensor& lse, const Tensor& grad, const Tensor& denom);
+bool cross_entropy_reduced(const backend::Backend::CrossEntropyArgs& args, bool mean, const Tensor& out,
+                           const Tensor& lse, const Tensor& denom, const Tensor& grad_logits);
 // ---- issue 15: normalization, embedding, dropout
 void norm_forward(const backend::NormArgs& a);  // normalization.cu
 void norm_backward(const backend::NormBackwardArgs& a);

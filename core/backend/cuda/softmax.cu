@@ -321,6 +321,28 @@ __device__ __forceinline__ void ce_grad_row(const T* xr, T* gr, int64_t cols, in
   });
 }
 
+// Row loss (1 - eps) w[t] (lse - x[t]) + eps / C (W lse - sum_j w_j x_j); 0 when ignored, NaN for a
+// target out of range; wt = w[t] (0 / NaN likewise).
+template <class T, class A>
+__device__ __forceinline__ A ce_row_loss(const T* xr, int64_t cols, const CeParams<A>& p, int64_t t, A lse, A wx,
+                                         A& wt) {
+  if (t == p.ignore_index) {
+    wt = 0;
+    return 0;
+  }
+  if (t < 0 || t >= cols) {
+    wt = std::numeric_limits<A>::quiet_NaN();
+    return wt;
+  }
+  wt = p.weight ? p.weight[t] : A(1);
+  A l = (A(1) - p.eps) * wt * (lse - cast<A>(xr[t]));
+  if (p.eps > A(0)) {
+    const A wsum = p.weight ? *p.weight_sum : static_cast<A>(cols);
+    l += p.eps / static_cast<A>(cols) * (wsum * lse - wx);
+  }
+  return l;
+}
+
 template <class T, int V, bool kWarpRow, bool kGrad>
 __global__ void ce_fwd_kernel(const T* __restrict__ x, CeParams<acc_t<T>> p, acc_t<T>* loss, acc_t<T>* lse_out,
                               acc_t<T>* wt_out, T* __restrict__ gx, const acc_t<T>* denom, int64_t rows,
@@ -342,22 +364,10 @@ __global__ void ce_fwd_kernel(const T* __restrict__ x, CeParams<acc_t<T>> p, acc
   if (p.eps > A(0)) wx = row_sum<kWarpRow>(wx);
   const A lse = m + lg(s);
   const int64_t t = p.target[row];
-  const bool ignored = t == p.ignore_index;
-  const bool bad = !ignored && (t < 0 || t >= cols);
   if (tid == 0) {
     lse_out[row] = lse;
-    A l = 0, wt = 0;
-    if (bad) {
-      l = wt = std::numeric_limits<A>::quiet_NaN();
-    } else if (!ignored) {
-      wt = p.weight ? p.weight[t] : A(1);
-      l = (A(1) - p.eps) * wt * (lse - cast<A>(xr[t]));
-      if (p.eps > A(0)) {
-        const A wsum = p.weight ? *p.weight_sum : static_cast<A>(cols);
-        l += p.eps / static_cast<A>(cols) * (wsum * lse - wx);
-      }
-    }
-    loss[row] = l;
+    A wt;
+    loss[row] = ce_row_loss(xr, cols, p, t, lse, wx, wt);
     wt_out[row] = wt;
   }
   if constexpr (kGrad) {
@@ -377,6 +387,53 @@ __global__ void ce_bwd_kernel(const T* __restrict__ x, CeParams<acc_t<T>> p, con
   if (row >= rows) return;
   const A sc = grad[per_row ? row : 0] / (denom ? *denom : A(1));
   ce_grad_row<T, V>(x + row * cols, gx + row * cols, cols, tid, nt, p, p.target[row], lse[row], sc);
+}
+
+// The whole reduced forward of a small problem in one block (launches dominate there): the
+// denominator from the targets, then one warp per row (loss, lse, and the gradient when asked),
+// then the block's sum in a fixed order.
+constexpr int kSmallThreads = 512;  // 1024 would cap registers at 64 and spill
+constexpr int64_t kSmallMaxNumel = int64_t{1} << 16;
+
+template <class T, int V>
+__global__ void __launch_bounds__(kSmallThreads)
+    ce_small_kernel(const T* __restrict__ x, CeParams<acc_t<T>> p, bool mean, acc_t<T>* out, acc_t<T>* denom_out,
+                    acc_t<T>* lse_out, T* __restrict__ gx, int64_t rows, int64_t cols) {
+  using A = acc_t<T>;
+  A d = 0;
+  for (int64_t i = threadIdx.x; i < rows; i += kSmallThreads) {
+    const int64_t t = p.target[i];
+    if (t != p.ignore_index) d += p.weight ? p.weight[t >= 0 && t < cols ? t : 0] : A(1);
+  }
+  d = row_sum<false>(d);
+  const A sc = mean ? A(1) / d : A(1);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  A acc = 0;
+  for (int64_t r = warp; r < rows; r += kSmallThreads / 32) {
+    const T* xr = x + r * cols;
+    A m, s;
+    thread_ms<T, V>(xr, cols, lane, 32, m, s);
+    warp_ms(m, s);
+    A wx = 0;
+    if (p.eps > A(0)) {
+      const A* w = p.weight;
+      for_row<T, V>(xr, cols, lane, 32, [&](int64_t j, A v) { wx += (w ? w[j] : A(1)) * v; });
+      wx = warp_sum(wx);
+    }
+    const A lse = m + lg(s);
+    const int64_t t = p.target[r];
+    if (lane == 0) {
+      lse_out[r] = lse;
+      A wt;
+      acc += ce_row_loss(xr, cols, p, t, lse, wx, wt);
+    }
+    if (gx) ce_grad_row<T, V>(xr, gx + r * cols, cols, lane, 32, p, t, lse, sc);
+  }
+  acc = row_sum<false>(acc);
+  if (threadIdx.x == 0) {
+    out[0] = mean ? acc / d : acc;
+    if (denom_out) denom_out[0] = d;
+  }
 }
 
 // ---- launch helpers
@@ -496,6 +553,30 @@ void cross_entropy(const CeArgs& a, const Tensor& loss, const Tensor& lse, const
         ce_fwd_kernel<T, V, W, false><<<grid, block, 0, st>>>(x, p, l, ls, w, gx, dn, rows, cols);
     });
   });
+}
+
+bool cross_entropy_reduced(const CeArgs& a, bool mean, const Tensor& out, const Tensor& lse, const Tensor& denom,
+                           const Tensor& grad_logits) {
+  const int64_t rows = a.logits.size(0), cols = a.logits.size(1);
+  if (a.logits.numel() > kSmallMaxNumel || cols > kWarpRowMax) return false;
+  cudaStream_t stream = detail::current_stream_handle(a.logits.device().index());
+  dispatch<kFloats>(a.logits.dtype(), "cross_entropy", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    constexpr int V = 16 / sizeof(T) > 1 ? 16 / sizeof(T) : 1;
+    const T* x = static_cast<const T*>(a.logits.data_ptr());
+    T* gx = grad_logits.defined() ? static_cast<T*>(grad_logits.data_ptr()) : nullptr;
+    A* o = static_cast<A*>(out.data_ptr());
+    A* dn = denom.defined() ? static_cast<A*>(denom.data_ptr()) : nullptr;
+    A* ls = static_cast<A*>(lse.data_ptr());
+    const CeParams<A> p = ce_params<A>(a);
+    if (aligned_rows<T>(cols, {x, gx}))
+      ce_small_kernel<T, V><<<1, kSmallThreads, 0, stream>>>(x, p, mean, o, dn, ls, gx, rows, cols);
+    else
+      ce_small_kernel<T, 1><<<1, kSmallThreads, 0, stream>>>(x, p, mean, o, dn, ls, gx, rows, cols);
+    TG_CUDA_CHECK_LAUNCH();
+  });
+  return true;
 }
 
 void cross_entropy_backward(const CeArgs& a, const Tensor& grad_logits, const Tensor& lse, const Tensor& grad,
