@@ -63,6 +63,24 @@ __global__ void gather_kernel(W* out, const W* in, const int64_t* index, Geom g,
   }
 }
 
+// *addr += val for a 1- or 2-byte integer (uint8 / int8 / int16: no native atomicAdd): a CAS loop
+// on the aligned 32-bit word holding it (allocations are 512-byte rounded, so the word is ours).
+template <class T>
+__device__ __forceinline__ void atomic_add_narrow(T* addr, T val) {
+  using U = std::make_unsigned_t<T>;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  auto* word = reinterpret_cast<unsigned int*>(a & ~uintptr_t{3});
+  const unsigned shift = static_cast<unsigned>(a & 3) * 8;
+  const unsigned mask = static_cast<unsigned>(static_cast<U>(~U{0})) << shift;
+  unsigned old = *word, assumed;
+  do {
+    assumed = old;
+    const T cur = static_cast<T>(static_cast<U>((assumed & mask) >> shift));
+    const unsigned sum = static_cast<unsigned>(static_cast<U>(static_cast<T>(cur + val))) << shift;
+    old = atomicCAS(word, assumed, (assumed & ~mask) | sum);
+  } while (assumed != old);
+}
+
 // out (operand b) at the index along dim = src (operand a), or += with kAdd.
 template <class W, bool kAdd>
 __global__ void scatter_kernel(W* out, const W* src, const int64_t* index, Geom g, int64_t out_dim_stride,
@@ -75,6 +93,8 @@ __global__ void scatter_kernel(W* out, const W* src, const int64_t* index, Geom 
     if constexpr (kAdd) {
       if constexpr (std::is_same_v<W, int64_t>) {
         atomicAdd(reinterpret_cast<unsigned long long*>(dst), static_cast<unsigned long long>(src[oa]));
+      } else if constexpr (std::is_integral_v<W> && sizeof(W) < 4) {
+        atomic_add_narrow(dst, src[oa]);
       } else {
         atomicAdd(dst, src[oa]);
       }
