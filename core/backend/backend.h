@@ -293,7 +293,7 @@ class Backend {
   virtual void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate);
   // Inclusive prefix sums of the rows of a contiguous [rows, n] `in` into contiguous `out` of the
   // same shape: one floating dtype (accumulated in float, double for float64), or int64 out of
-  // int64 / int32 / bool in.
+  // any integer dtype or bool in.
   virtual void cumsum(const Tensor& out, const Tensor& in);
   // Stable sort of each row of a contiguous [rows, n] floating or integer `in`: values (in's dtype)
   // and int64 indices into the row, both contiguous [rows, n]. NaN sorts as the largest value.

@@ -79,6 +79,12 @@ void cumsum(const Tensor& out, const Tensor& in) {
       return cumsum_impl<int32_t, int64_t, int64_t>(out, in, stream);
     case DType::Bool:
       return cumsum_impl<bool, int64_t, int64_t>(out, in, stream);
+    case DType::UInt8:
+      return cumsum_impl<uint8_t, int64_t, int64_t>(out, in, stream);
+    case DType::Int8:
+      return cumsum_impl<int8_t, int64_t, int64_t>(out, in, stream);
+    case DType::Int16:
+      return cumsum_impl<int16_t, int64_t, int64_t>(out, in, stream);
     default:
       break;
   }

@@ -63,22 +63,21 @@ __global__ void gather_kernel(W* out, const W* in, const int64_t* index, Geom g,
   }
 }
 
-// atomicAdd for 1- and 2-byte integers, which CUDA lacks: a compare-and-swap loop on the aligned
-// 32-bit word that holds the element (the sum wraps, as integer tensor arithmetic does).
-template <class W>
-__device__ void atomic_add_narrow(W* addr, W val) {
-  static_assert(sizeof(W) == 1 || sizeof(W) == 2);
-  using U = std::make_unsigned_t<W>;
-  const auto a = reinterpret_cast<uintptr_t>(addr);
+// *addr += val for a 1- or 2-byte integer (uint8 / int8 / int16: no native atomicAdd): a CAS loop
+// on the aligned 32-bit word holding it (allocations are 512-byte rounded, so the word is ours).
+template <class T>
+__device__ __forceinline__ void atomic_add_narrow(T* addr, T val) {
+  using U = std::make_unsigned_t<T>;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
   auto* word = reinterpret_cast<unsigned int*>(a & ~uintptr_t{3});
-  const unsigned shift = static_cast<unsigned>(a & 3) * 8u;
-  const unsigned mask = ((1u << (8 * sizeof(W))) - 1u) << shift;
+  const unsigned shift = static_cast<unsigned>(a & 3) * 8;
+  const unsigned mask = static_cast<unsigned>(static_cast<U>(~U{0})) << shift;
   unsigned old = *word, assumed;
   do {
     assumed = old;
-    const W cur = static_cast<W>(static_cast<U>((assumed & mask) >> shift));
-    const U sum = static_cast<U>(static_cast<U>(cur) + static_cast<U>(val));
-    old = atomicCAS(word, assumed, (assumed & ~mask) | ((static_cast<unsigned>(sum) << shift) & mask));
+    const T cur = static_cast<T>(static_cast<U>((assumed & mask) >> shift));
+    const unsigned sum = static_cast<unsigned>(static_cast<U>(static_cast<T>(cur + val))) << shift;
+    old = atomicCAS(word, assumed, (assumed & ~mask) | sum);
   } while (assumed != old);
 }
 
