@@ -365,6 +365,27 @@ TEST_P(IndexingOps, TopkValuesIndicesAndGrad) {
   expect_error([&] { tg::sort(x, 2); }, {"sort", "2"});
 }
 
+// uint8 / int8 / int16 (CUDA scatter_add: a CAS loop on the 32-bit word; cumsum into int64).
+TEST_P(IndexingOps, SmallIntegerDtypes) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  for (DType dt : {kUInt8, kInt8, kInt16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor z = tg::zeros({5}, opt(dt));
+    Tensor r = tg::scatter_add(z, 0, i64({0, 1, 0, 3, 0, 4, 4}, {7}), f64({1, 2, 3, 4, 5, 6, 7}, {7}).to(dt));
+    EXPECT_EQ(r.dtype(), dt);
+    expect_near_vec(host(r), {9, 2, 0, 4, 13}, 0, 0, "scatter_add");
+    Tensor x = f64({3, 1, 2, 1}, {4}).to(dt);
+    Tensor c = tg::cumsum(x, 0);
+    EXPECT_EQ(c.dtype(), kInt64);
+    expect_near_vec(host(c), {3, 4, 6, 7}, 0, 0, "cumsum");
+    auto [v, i] = tg::sort(x);
+    expect_near_vec(host(v), {1, 1, 2, 3}, 0, 0, "sort");
+    expect_near_vec(host(i), {1, 3, 2, 0}, 0, 0, "sort indices");
+    expect_near_vec(host(tg::gather(x, 0, i64({2, 0}, {2}))), {2, 3}, 0, 0, "gather");
+    expect_near_vec(host(x.masked_fill(x.eq(1), 7)), {3, 7, 2, 7}, 0, 0, "masked_fill");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, IndexingOps, ::testing::Values(Dev::CPU, Dev::CUDA), dev_name);
 
 }  // namespace
