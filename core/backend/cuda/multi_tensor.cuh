@@ -86,8 +86,11 @@ template <int Depth>
 class MultiTensorPlan {
  public:
   MultiTensorPlan() = default;
-  explicit MultiTensorPlan(std::vector<TensorListEntry<Depth>> entries, int64_t chunk_size = kChunkSize)
-      : entries_(std::move(entries)), chunk_size_(chunk_size) {
+  // chunk_size 0: kChunkSize for large lists, halved (down to kMinChunkSize) while the list would
+  // give fewer than kTargetBlocks blocks. An MLP's 670k Adam parameters in 65536-element chunks
+  // were 15 blocks on 132 SMs and took 73 us; in 4096-element chunks they spread over every SM.
+  explicit MultiTensorPlan(std::vector<TensorListEntry<Depth>> entries, int64_t chunk_size = 0)
+      : entries_(std::move(entries)), chunk_size_(chunk_size > 0 ? chunk_size : auto_chunk(entries_)) {
     build();
   }
   bool matches(const std::vector<TensorListEntry<Depth>>& entries) const { return entries == entries_; }
@@ -104,6 +107,19 @@ class MultiTensorPlan {
   }
 
  private:
+  static constexpr int64_t kMinChunkSize = 4096;
+  static constexpr int64_t kTargetBlocks = 2 * 132;  // two blocks per SM of an H100 / H200
+  static int64_t auto_chunk(const std::vector<TensorListEntry<Depth>>& entries) {
+    int64_t chunk = kChunkSize;
+    auto blocks = [&](int64_t c) {
+      int64_t b = 0;
+      for (const auto& e : entries) b += (e.numel + c - 1) / c;
+      return b;
+    };
+    while (chunk > kMinChunkSize && blocks(chunk) < kTargetBlocks) chunk /= 2;
+    return chunk;
+  }
+
   void build() {
     launches_.clear();
     TensorListMeta<Depth> cur;

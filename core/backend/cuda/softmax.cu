@@ -393,6 +393,7 @@ __global__ void ce_bwd_kernel(const T* __restrict__ x, CeParams<acc_t<T>> p, con
 // denominator from the targets, then one warp per row (loss, lse, and the gradient when asked),
 // then the block's sum in a fixed order.
 constexpr int kSmallThreads = 512;  // 1024 would cap registers at 64 and spill
+constexpr int64_t kSmallThreadRowMax = 32;  // rows up to this long: one thread each
 constexpr int64_t kSmallMaxNumel = int64_t{1} << 16;
 
 template <class T, int V>
@@ -409,6 +410,24 @@ __global__ void __launch_bounds__(kSmallThreads)
   const A sc = mean ? A(1) / d : A(1);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   A acc = 0;
+  if (cols <= kSmallThreadRowMax) {
+    // Narrow rows (the MNIST MLP's [128, 10]): one thread per row, no shuffles. A warp per row
+    // walked 8 rows per warp one after another and took 18 us on the H200 for [128, 10].
+    const A* w = p.weight;
+    for (int64_t r = threadIdx.x; r < rows; r += kSmallThreads) {
+      const T* xr = x + r * cols;
+      A m, s;
+      thread_ms<T, 1>(xr, cols, 0, 1, m, s);
+      A wx = 0;
+      if (p.eps > A(0)) for_row<T, 1>(xr, cols, 0, 1, [&](int64_t j, A v) { wx += (w ? w[j] : A(1)) * v; });
+      const A lse = m + lg(s);
+      const int64_t t = p.target[r];
+      lse_out[r] = lse;
+      A wt;
+      acc += ce_row_loss(xr, cols, p, t, lse, wx, wt);
+      if (gx) ce_grad_row<T, 1>(xr, gx + r * cols, cols, 0, 1, p, t, lse, sc);
+    }
+  } else {
   for (int64_t r = warp; r < rows; r += kSmallThreads / 32) {
     const T* xr = x + r * cols;
     A m, s;
@@ -428,6 +447,7 @@ __global__ void __launch_bounds__(kSmallThreads)
       acc += ce_row_loss(xr, cols, p, t, lse, wx, wt);
     }
     if (gx) ce_grad_row<T, V>(xr, gx + r * cols, cols, lane, 32, p, t, lse, sc);
+  }
   }
   acc = row_sum<false>(acc);
   if (threadIdx.x == 0) {
