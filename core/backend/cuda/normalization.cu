@@ -68,15 +68,27 @@ __global__ void norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w
   const int64_t stride = static_cast<int64_t>(gridDim.x) * groups_per_block;
   const int nvec = cols / V;
   const A inv_n = A(1) / static_cast<A>(cols);
+  // Software pipeline (PF): the raw packs of the group's next row (row + stride) are loaded into
+  // nxt before this row's reductions and stores, so their latency overlaps them; swapped at the
+  // end. Only for K == 1: more packs per thread would pass 64 registers in the backward, and a
+  // block kernel may be launched with 1024 threads.
+  constexpr bool PF = K == 1;
+  P buf[K], nxt[K];
+  auto load = [&](P(&dst)[K], int64_t r) {
+    const P* xr = reinterpret_cast<const P*>(x + r * cols);
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (t + k * G < nvec) dst[k] = xr[t + k * G];
+  };
+  if (PF && first < rows) load(buf, first);
   for (int64_t row = first; row < rows; row += stride) {
-    const P* xr = reinterpret_cast<const P*>(x + row * cols);
-    P buf[K];
+    if (PF && row + stride < rows) load(nxt, row + stride);
     A s = 0;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int v = t + k * G;
       if (v < nvec) {
-        buf[k] = xr[v];
+        if (!PF) buf[k] = reinterpret_cast<const P*>(x + row * cols)[v];
 #pragma unroll
         for (int e = 0; e < V; ++e) {
           const A xv = cast<A>(buf[k].v[e]);
@@ -126,6 +138,10 @@ __global__ void norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w
         yr[v] = o;
       }
     }
+    if constexpr (PF) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) buf[k] = nxt[k];
+    }
   }
 }
 
@@ -152,18 +168,41 @@ __global__ void norm_bwd_kernel(const T* __restrict__ g, const T* __restrict__ x
   for (int k = 0; k < K; ++k)
 #pragma unroll
     for (int e = 0; e < V; ++e) accw[k][e] = accb[k][e] = 0;
+  // Software pipeline as in the forward (K == 1 only): x, dy (and the row's statistics) of the
+  // next row are loaded into the n* registers before this row's reductions and stores.
+  constexpr bool PF = K == 1;
+  P xb[K], gb[K], nxb[K], ngb[K];
+  A m = 0, rs = 0, nm = 0, nrs = 0;
+  auto load = [&](P(&xd)[K], P(&gd)[K], A& md, A& rd, int64_t r) {
+    const P* xr = reinterpret_cast<const P*>(x + r * cols);
+    const P* gr = reinterpret_cast<const P*>(g + r * cols);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (t + k * G < nvec) {
+        xd[k] = xr[t + k * G];
+        gd[k] = gr[t + k * G];
+      }
+    }
+    md = rms ? A(0) : mean[r];
+    rd = rstd[r];
+  };
+  if (PF && first < rows) load(xb, gb, m, rs, first);
   for (int64_t row = first; row < rows; row += stride) {
-    const P* xr = reinterpret_cast<const P*>(x + row * cols);
-    const P* gr = reinterpret_cast<const P*>(g + row * cols);
-    const A m = rms ? A(0) : mean[row], rs = rstd[row];
-    P xb[K], gb[K];
+    if (!PF) {
+      m = rms ? A(0) : mean[row];
+      rs = rstd[row];
+    } else if (row + stride < rows) {
+      load(nxb, ngb, nm, nrs, row + stride);
+    }
     A s1 = 0, s2 = 0;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int v = t + k * G;
       if (v < nvec) {
-        xb[k] = xr[v];
-        gb[k] = gr[v];
+        if (!PF) {
+          xb[k] = reinterpret_cast<const P*>(x + row * cols)[v];
+          gb[k] = reinterpret_cast<const P*>(g + row * cols)[v];
+        }
         P wv;
         if (w) wv = reinterpret_cast<const P*>(w)[v];
 #pragma unroll
@@ -178,25 +217,35 @@ __global__ void norm_bwd_kernel(const T* __restrict__ g, const T* __restrict__ x
         }
       }
     }
-    if (!dx) continue;
-    s1 = rms ? A(0) : group_sum<G32>(s1, red) * inv_n;
-    s2 = group_sum<G32>(s2, red) * inv_n;
-    P* dr = reinterpret_cast<P*>(dx + row * cols);
+    if (dx) {
+      s1 = rms ? A(0) : group_sum<G32>(s1, red) * inv_n;
+      s2 = group_sum<G32>(s2, red) * inv_n;
+      P* dr = reinterpret_cast<P*>(dx + row * cols);
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int v = t + k * G;
-      if (v < nvec) {
-        P wv, o;
-        if (w) wv = reinterpret_cast<const P*>(w)[v];
+      for (int k = 0; k < K; ++k) {
+        const int v = t + k * G;
+        if (v < nvec) {
+          P wv, o;
+          if (w) wv = reinterpret_cast<const P*>(w)[v];
 #pragma unroll
-        for (int e = 0; e < V; ++e) {
-          const A gv = cast<A>(gb[k].v[e]);
-          const A gy = w ? gv * cast<A>(wv.v[e]) : gv;
-          const A xh = (cast<A>(xb[k].v[e]) - m) * rs;
-          o.v[e] = cast<T>(rs * (gy - s1 - xh * s2));
+          for (int e = 0; e < V; ++e) {
+            const A gv = cast<A>(gb[k].v[e]);
+            const A gy = w ? gv * cast<A>(wv.v[e]) : gv;
+            const A xh = (cast<A>(xb[k].v[e]) - m) * rs;
+            o.v[e] = cast<T>(rs * (gy - s1 - xh * s2));
+          }
+          dr[v] = o;
         }
-        dr[v] = o;
       }
+    }
+    if constexpr (PF) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        xb[k] = nxb[k];
+        gb[k] = ngb[k];
+      }
+      m = nm;
+      rs = nrs;
     }
   }
   if (!pw && !pb) return;
