@@ -107,6 +107,16 @@ TEST_P(Norm, ShapesAroundKernelBoundaries) {
   check_norm(GetParam(), kBFloat16, 2, 70000, false, 6e-2);
   check_norm(GetParam(), kFloat32, 1500, 40, false, 5e-5);
   check_norm(GetParam(), kBFloat16, 700, 256, false, 6e-2);
+  // 1024-thread blocks with 2-8 vectors per thread (kernels over 64 registers without the launch
+  // bound could not launch: <bf16, 8, 2> backward had 90, <float, 4, 4> 94), and more rows than
+  // blocks with one vector per thread (the next row's packs prefetched).
+  check_norm(GetParam(), kFloat32, 3, 8200, false, 1e-4);
+  check_norm(GetParam(), kFloat32, 3, 12288, true, 1e-4);
+  check_norm(GetParam(), kBFloat16, 3, 12288, false, 6e-2);
+  check_norm(GetParam(), kFloat16, 3, 16384, true, 1e-2);
+  check_norm(GetParam(), kBFloat16, 2, 32768, false, 6e-2);
+  check_norm(GetParam(), kBFloat16, 1000, 4096, false, 6e-2);
+  check_norm(GetParam(), kFloat16, 1000, 4096, true, 1e-2);
 }
 
 TEST_P(Norm, NonContiguousAndMultiDimShape) {

@@ -32,6 +32,10 @@ struct alignas(sizeof(T) * V) NPack {
 };
 
 constexpr int kWarpRowsPerBlock = 4;  // warp mode: 4 rows (warps) per 128-thread block
+// Block-mode kernels are launched with up to 1024 threads, so they carry __launch_bounds__(1024):
+// at most 64 registers. Without it <bfloat16, 8, 2> backward (90 registers, rows of 8200-65536
+// bf16 columns) and <float, 4, 4> (94, 8196-32768 float columns) could not launch at all; with
+// it the K >= 4 forms spill a little (correct, slower: a plan by registers is the follow-up).
 constexpr int kMaxK = 8;              // most 16-byte vectors per thread kept in registers
 
 // Sum over the group: a warp (G32) or the whole block. red: blockDim.x / 32 slots.
@@ -55,7 +59,7 @@ __device__ __forceinline__ A group_sum(A v, A* red) {
 // One row per group (G32: a warp, for rows of <= 64 vectors; else the block); K vectors of V
 // elements per thread.
 template <class T, int V, int K, bool G32>
-__global__ void norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+__global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                                 T* __restrict__ y, nacc_t<T>* __restrict__ mean_out, nacc_t<T>* __restrict__ rstd_out,
                                 int64_t rows, int cols, nacc_t<T> eps, bool rms) {
   using A = nacc_t<T>;
@@ -148,7 +152,7 @@ __global__ void norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w
 // dx per row, and per-block partial sums of dw (g * xhat) and db (g) over the block's rows:
 // pw / pb [gridDim.x, cols] (null when not wanted). smem: 2 * cols accumulators (warp mode).
 template <class T, int V, int K, bool G32>
-__global__ void norm_bwd_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+__global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
                                 const nacc_t<T>* __restrict__ mean, const nacc_t<T>* __restrict__ rstd,
                                 T* __restrict__ dx, nacc_t<T>* __restrict__ pw, nacc_t<T>* __restrict__ pb,
                                 int64_t rows, int cols, bool rms) {
@@ -312,7 +316,7 @@ __global__ void column_sum_kernel(const nacc_t<T>* __restrict__ part, int64_t pa
 // Rows longer than the registers hold (more than 8192 vectors): a block per row re-reads the
 // row from memory (L2) for each pass instead of keeping it in registers.
 template <class T, int V>
-__global__ void norm_fwd_long_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+__global__ void __launch_bounds__(1024) norm_fwd_long_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                                      T* __restrict__ y, nacc_t<T>* __restrict__ mean_out,
                                      nacc_t<T>* __restrict__ rstd_out, int64_t rows, int64_t cols, nacc_t<T> eps,
                                      bool rms) {
@@ -375,7 +379,7 @@ __global__ void norm_fwd_long_kernel(const T* __restrict__ x, const T* __restric
 // dx of long rows (two passes over the row); the weight / bias gradients come from
 // norm_wb_long_kernel.
 template <class T, int V>
-__global__ void norm_bwd_long_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+__global__ void __launch_bounds__(1024) norm_bwd_long_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
                                      const nacc_t<T>* __restrict__ mean, const nacc_t<T>* __restrict__ rstd,
                                      T* __restrict__ dx, int64_t rows, int64_t cols, bool rms) {
   using A = nacc_t<T>;
@@ -421,7 +425,7 @@ __global__ void norm_bwd_long_kernel(const T* __restrict__ g, const T* __restric
 // Partial weight / bias gradients of long rows: block (32, 8) over 32 columns and the rows of
 // chunk blockIdx.y; pw / pb [gridDim.y, cols], summed by column_sum_kernel.
 template <class T>
-__global__ void norm_wb_long_kernel(const T* __restrict__ g, const T* __restrict__ x,
+__global__ void __launch_bounds__(1024) norm_wb_long_kernel(const T* __restrict__ g, const T* __restrict__ x,
                                     const nacc_t<T>* __restrict__ mean, const nacc_t<T>* __restrict__ rstd,
                                     nacc_t<T>* __restrict__ pw, nacc_t<T>* __restrict__ pb, int64_t rows, int64_t cols,
                                     int64_t rows_per_chunk) {
