@@ -22,11 +22,7 @@ class ModuleList : public Module {
   // A value is stored as a shared_ptr copy (sharing its parameters: Module copies are shallow).
   template <detail::ModuleArg M>
   void push_back(M&& module) {
-    if constexpr (detail::IsModulePtr<std::decay_t<M>>::value) {
-      append(std::forward<M>(module));
-    } else {
-      append(std::make_shared<std::decay_t<M>>(std::forward<M>(module)));
-    }
+    append(detail::to_module_ptr(std::forward<M>(module)));
   }
 
   size_t size() const { return items_.size(); }

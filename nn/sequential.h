@@ -20,6 +20,16 @@ struct IsModulePtr<std::shared_ptr<M>> : std::bool_constant<std::derived_from<M,
 // A module value or a shared_ptr to one.
 template <typename T>
 concept ModuleArg = std::derived_from<std::decay_t<T>, Module> || IsModulePtr<std::decay_t<T>>::value;
+// The module as a shared_ptr: a shared_ptr as is, a value as a shared_ptr copy (sharing its
+// parameters: Module copies are shallow). Sequential and ModuleList store children this way.
+template <ModuleArg M>
+std::shared_ptr<Module> to_module_ptr(M&& module) {
+  if constexpr (IsModulePtr<std::decay_t<M>>::value) {
+    return std::forward<M>(module);
+  } else {
+    return std::make_shared<std::decay_t<M>>(std::forward<M>(module));
+  }
+}
 }  // namespace detail
 
 class Sequential : public Module {
@@ -33,11 +43,7 @@ class Sequential : public Module {
 
   template <detail::ModuleArg M>
   void push_back(M&& module) {
-    if constexpr (detail::IsModulePtr<std::decay_t<M>>::value) {
-      append(std::forward<M>(module));
-    } else {
-      append(std::make_shared<std::decay_t<M>>(std::forward<M>(module)));
-    }
+    append(detail::to_module_ptr(std::forward<M>(module)));
   }
 
   Tensor forward(const Tensor& x) override;
