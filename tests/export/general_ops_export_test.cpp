@@ -5,94 +5,12 @@
 #include <fstream>
 
 #include "common.h"
+#include "onnx_check.h"
 
 using namespace tg_export_test;
 namespace fs = std::filesystem;
 
 namespace {
-
-bool have_onnx_python() {
-  static const bool ok = std::system("python3 -c 'import onnx, onnxruntime, numpy' > /dev/null 2>&1") == 0;
-  return ok;
-}
-
-// Checks the model, feeds `inputs` to ONNX Runtime and compares its outputs with
-// `expected` (all float32 here). Tensors travel as raw little-endian files.
-constexpr const char* kScript = R"PY(
-import sys, json, numpy as np, onnx, onnxruntime as ort
-spec = json.load(open(sys.argv[1]))
-model = onnx.load(spec["model"])
-onnx.checker.check_model(model, full_check=True)
-sess = ort.InferenceSession(spec["model"], providers=["CPUExecutionProvider"])
-feeds = {}
-for i, (name, path, shape, dtype) in enumerate(spec["inputs"]):
-    feeds[name] = np.fromfile(path, dtype=dtype).reshape(shape)
-outs = sess.run(None, feeds)
-worst = 0.0
-for got, (path, shape, dtype) in zip(outs, spec["expected"]):
-    want = np.fromfile(path, dtype=dtype).reshape(shape)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert got.dtype == want.dtype, (got.dtype, want.dtype)
-    err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)) / (1 + np.abs(want.astype(np.float64))))) if want.size else 0.0
-    worst = max(worst, err)
-print("onnxruntime max rel err", worst)
-sys.exit(0 if worst <= 1e-5 else 3)
-)PY";
-
-const char* np_dtype(tg::DType t) {
-  switch (t) {
-    case tg::kFloat32:
-      return "float32";
-    case tg::kFloat64:
-      return "float64";
-    case tg::kInt64:
-      return "int64";
-    case tg::kBool:
-      return "bool";
-    default:
-      return "float32";
-  }
-}
-
-std::string write_raw(const std::string& dir, const std::string& name, const tg::Tensor& t) {
-  auto path = (fs::path(dir) / (name + ".bin")).string();
-  std::string bytes(t.nbytes(), '\0');
-  t.contiguous().copy_to_host(bytes.data());
-  std::ofstream(path, std::ios::binary) << bytes;
-  return path;
-}
-
-std::string shape_json(const tg::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
-
-// Saves the ONNX file, runs the script on `inputs`, and expects ORT to match ep.run(inputs).
-void check_with_onnxruntime(const tg::ExportedProgram& ep, const std::vector<tg::Tensor>& inputs,
-                            const std::vector<std::string>& names) {
-  const auto dir = scratch("onnx");
-  fs::create_directories(dir);
-  const auto model = (fs::path(dir) / "model.onnx").string();
-  ep.save_onnx(model);
-  auto expected = ep.run(inputs);
-  std::string spec = "{\"model\": \"" + model + "\", \"inputs\": [";
-  for (size_t i = 0; i < inputs.size(); ++i)
-    spec += std::string(i ? ", " : "") + "[\"" + names[i] + "\", \"" +
-            write_raw(dir, "in" + std::to_string(i), inputs[i]) + "\", " + shape_json(inputs[i]) + ", \"" +
-            np_dtype(inputs[i].dtype()) + "\"]";
-  spec += "], \"expected\": [";
-  for (size_t i = 0; i < expected.size(); ++i)
-    spec += std::string(i ? ", " : "") + "[\"" + write_raw(dir, "out" + std::to_string(i), expected[i]) + "\", " +
-            shape_json(expected[i]) + ", \"" + np_dtype(expected[i].dtype()) + "\"]";
-  spec += "]}";
-  const auto spec_path = (fs::path(dir) / "spec.json").string();
-  const auto script_path = (fs::path(dir) / "check.py").string();
-  std::ofstream(spec_path) << spec;
-  std::ofstream(script_path) << kScript;
-  const std::string cmd = "python3 " + script_path + " " + spec_path;
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-}
 
 // Runs fn eagerly and through the exported program (and its saved/loaded copy), and ORT.
 void check_export(const std::function<std::vector<tg::Tensor>(const std::vector<tg::Tensor>&)>& fn,
