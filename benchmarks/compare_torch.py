@@ -81,6 +81,14 @@ WORKLOADS = [
      ("ratio", "<=", 1 / 1.3, " (1.3x faster)")),
     ("embedding_fwd_bwd_50304x768_32768", "embedding fwd+bwd 50304x768 fp32, 32768 idx", "lower",
      ("ratio", "<=", 1 / 1.2, " (1.2x faster)")),
+    # ---- issue 16: gradient clipping (tg_bench_clip) over GPT-2 124M's 148 float32 gradients; PyTorch:
+    # torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True) / get_total_norm(grads, foreach=True). The
+    # *_vs_dram rows compare with the time the traffic takes at 4.8 TB/s (norm: 1 read; clip: 2 reads, 1 write).
+    ("clip_grad_norm_gpt2_124m_fp32", "clip_grad_norm_ GPT-2 124M fp32", "lower",
+     ("ratio", "<=", 1 / 1.5, " (1.5x faster)")),
+    ("clip_grad_norm_gpt2_124m_fp32_vs_dram", "  same vs 3 passes at 4.8 TB/s", "lower", None),
+    ("grad_norm_gpt2_124m_fp32", "total grad norm GPT-2 124M fp32", "lower", None),
+    ("grad_norm_gpt2_124m_fp32_vs_dram", "  same vs 1 read at 4.8 TB/s", "lower", ("ratio", "<=", 1.1)),
 ]
 
 
@@ -330,6 +338,33 @@ def torch_timings(warmup, reps, only):
 
         out["embedding_fwd_bwd_50304x768_32768"] = (event_ms(emb_iters) / 10, "ms")
         del we, ie, ge
+    # ---- issue 16: gradient clipping (as tg_bench_clip: 10 calls per timed repeat, value in us)
+    if wants("clip_grad_norm_gpt2_124m_fp32") or wants("grad_norm_gpt2_124m_fp32"):
+        d = 768
+        shapes = [(50257, d), (1024, d)]
+        for _ in range(12):
+            shapes += [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,), (d,), (d,), (d, 4 * d), (4 * d,), (4 * d, d), (d,)]
+        shapes += [(d,), (d,)]
+        torch.manual_seed(0)
+        ps = [torch.zeros(s, device="cuda", requires_grad=True) for s in shapes]
+        for p_ in ps:
+            p_.grad = torch.randn(p_.shape, device="cuda")
+        gs = [p_.grad for p_ in ps]
+
+        def clip_iters():
+            for _ in range(10):
+                torch.nn.utils.clip_grad_norm_(ps, 1.0, foreach=True)
+
+        if wants("clip_grad_norm_gpt2_124m_fp32"):
+            out["clip_grad_norm_gpt2_124m_fp32"] = (event_ms(clip_iters) * 100, "us")
+        if wants("grad_norm_gpt2_124m_fp32") and hasattr(torch.nn.utils, "get_total_norm"):  # PyTorch >= 2.6
+
+            def norm_iters():
+                for _ in range(10):
+                    torch.nn.utils.get_total_norm(gs, 2.0, foreach=True)
+
+            out["grad_norm_gpt2_124m_fp32"] = (event_ms(norm_iters) * 100, "us")
+        del ps, gs
     torch.cuda.empty_cache()
     return out
 
@@ -339,7 +374,9 @@ def run_tg_programs(bench_dir, reps, only):
     records, failed = [], []
     for prog in ("tg_bench_gpu", "tg_bench_cpu", "tg_bench_interop", "tg_bench_amp", "tg_bench_overhead",
                  # ---- issue 15: softmax / cross_entropy, whole models, normalization / embedding
-                 "tg_bench_softmax", "tg_bench_models", "tg_bench_norm"):
+                 "tg_bench_softmax", "tg_bench_models", "tg_bench_norm",
+                 # ---- issue 16: gradient clipping
+                 "tg_bench_clip"):
         path = os.path.join(bench_dir, prog)
         if not os.path.exists(path):
             print(f"compare_torch: {path} not found (build with -DTG_BUILD_BENCHMARKS=ON)", file=sys.stderr)

@@ -207,4 +207,20 @@ Tensor cumsum(const Tensor& a, int64_t dim);
 std::pair<Tensor, Tensor> sort(const Tensor& a, int64_t dim, bool descending);
 std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim, bool largest);
 
+// ---- issue 16: gradient clipping (core/native/clip_grad.cpp); `op` names errors
+// The norm_type-norm of all elements of `tensors` together (backend total_norm): a 0-d tensor on
+// their device, of their promoted dtype (PyTorch's); with want_coef, also the 0-d float64 clip
+// coefficient min(max_norm / (total + 1e-6), 1). No tensors: a float32 0 on the CPU (coef 1).
+// Tensors must be floating and on one device (tg::Error naming the devices and shapes otherwise);
+// norm_type > 0 (inf included). Non-contiguous tensors are read through a contiguous copy.
+struct TotalNorm {
+  Tensor total, coef;
+};
+TotalNorm total_norm(const char* op, const std::vector<Tensor>& tensors, double norm_type, bool want_coef = false,
+                     double max_norm = 0);
+// t *= factor (0-d, on the tensors' device, read there: no host sync) / t = clamp(t, lo, hi) for
+// every t, in place, in as few launches as the backend can; bumps each t's version.
+void multi_tensor_scale_(const char* op, const std::vector<Tensor>& tensors, const Tensor& factor);
+void multi_tensor_clamp_(const char* op, const std::vector<Tensor>& tensors, double lo, double hi);
+
 }  // namespace tg::native

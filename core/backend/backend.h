@@ -298,6 +298,22 @@ class Backend {
   // Stable sort of each row of a contiguous [rows, n] floating or integer `in`: values (in's dtype)
   // and int64 indices into the row, both contiguous [rows, n]. NaN sorts as the largest value.
   virtual void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool descending);
+
+  // ---- issue 16: gradient clipping (core/native/clip_grad.cpp; the defaults throw)
+  // The norm_type-norm of the elements of all `tensors` taken together into `total` (0-d, their
+  // device, any floating dtype): (sum |x|^p)^(1/p) for finite p > 0, max |x| for p = +inf; a NaN
+  // anywhere gives NaN. When `coef` (0-d float64) is defined, also coef = min(max_norm / (t + 1e-6),
+  // 1) (NaN stays NaN), t being total as stored, computed in float32 (float64 when total is).
+  // tensors: at least one, contiguous, floating (any mix of dtypes), numel >= 0. CUDA accumulates
+  // in float32 per thread (float64 for float64 tensors), the CPU in float64; partials are combined
+  // in float64 in a fixed order: bit-reproducible. No host synchronisation.
+  virtual void total_norm(const std::vector<Tensor>& tensors, double norm_type, const Tensor& total,
+                          const Tensor& coef, double max_norm);
+  // t *= factor in place for every t (contiguous, floating, on factor's device); factor: 0-d float64
+  // read on the device, applied in float32 (float64 for float64 t).
+  virtual void multi_tensor_scale(const std::vector<Tensor>& tensors, const Tensor& factor);
+  // t = min(max(t, lo), hi) in place for every t (contiguous, floating); NaN stays NaN, lo > hi gives hi.
+  virtual void multi_tensor_clamp(const std::vector<Tensor>& tensors, double lo, double hi);
 };
 inline constexpr int kMaxAddN = 32;
 inline constexpr int kMaxGatherRows = 8;

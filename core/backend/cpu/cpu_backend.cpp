@@ -100,6 +100,17 @@ class CpuBackend final : public backend::Backend {
   void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool descending) override {
     cpu::sort(values, indices, in, descending);
   }
+  // ---- issue 16: gradient clipping
+  void total_norm(const std::vector<Tensor>& tensors, double norm_type, const Tensor& total, const Tensor& coef,
+                  double max_norm) override {
+    cpu::total_norm(tensors, norm_type, total, coef, max_norm);
+  }
+  void multi_tensor_scale(const std::vector<Tensor>& tensors, const Tensor& factor) override {
+    cpu::multi_tensor_scale(tensors, factor);
+  }
+  void multi_tensor_clamp(const std::vector<Tensor>& tensors, double lo, double hi) override {
+    cpu::multi_tensor_clamp(tensors, lo, hi);
+  }
 };
 
 }  // namespace

@@ -176,6 +176,22 @@ class CudaBackend final : public Backend {
     cuda::detail::DeviceGuard guard(device_of(in));
     cuda::kern::sort(values, indices, in, descending);
   }
+  // ---- issue 16: gradient clipping
+  void total_norm(const std::vector<Tensor>& tensors, double norm_type, const Tensor& total, const Tensor& coef,
+                  double max_norm) override {
+    cuda::detail::DeviceGuard guard(device_of(total));
+    cuda::kern::total_norm(tensors, norm_type, total, coef, max_norm);
+  }
+  void multi_tensor_scale(const std::vector<Tensor>& tensors, const Tensor& factor) override {
+    if (tensors.empty()) return;
+    cuda::detail::DeviceGuard guard(device_of(factor));
+    cuda::kern::multi_tensor_scale(tensors, factor);
+  }
+  void multi_tensor_clamp(const std::vector<Tensor>& tensors, double lo, double hi) override {
+    if (tensors.empty()) return;
+    cuda::detail::DeviceGuard guard(device_of(tensors.front()));
+    cuda::kern::multi_tensor_clamp(tensors, lo, hi);
+  }
 };
 
 }  // namespace

@@ -43,4 +43,10 @@ void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& 
 void cumsum(const Tensor& out, const Tensor& in);  // scan_sort.cu
 void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool descending);
 
+// ---- issue 16: gradient clipping (clip_grad.cu)
+void total_norm(const std::vector<Tensor>& tensors, double norm_type, const Tensor& total, const Tensor& coef,
+                double max_norm);
+void multi_tensor_scale(const std::vector<Tensor>& tensors, const Tensor& factor);
+void multi_tensor_clamp(const std::vector<Tensor>& tensors, double lo, double hi);
+
 }  // namespace tg::cuda::kern

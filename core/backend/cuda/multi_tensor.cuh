@@ -367,3 +367,175 @@ __device__ __forceinline__ void advance_counts_when_done(const TensorListMeta<De
 }
 
 }  // namespace tg::cuda::mt
+
+// ---- issue 16: flat plans (gradient clipping). MultiTensorPlan gives each block one
+// (tensor, chunk) pair and each launch at most kMaxBlocks of them, so a long list is several
+// launches, each ending in a tail where SMs idle, and blocks of a small tensor's chunk do less work
+// than others. A FlatPlan lays the tensors end to end in one index space (each starting at a
+// multiple of kFlatAlign elements, so that 16-byte vectors of any dtype stay aligned) and cuts it
+// into equal ranges, one per block: every block reads the same bytes, a range may span many small
+// tensors, and a launch holds up to kFlatMaxTensors tensors whatever their sizes (GPT-2's 148
+// gradients: one launch of two blocks per SM). Plans of several lists can share one range size
+// (flat_per_block), so their blocks' partial results are comparable and can go to one buffer.
+#include <algorithm>
+#include <utility>
+
+namespace tg::cuda::mt {
+
+inline constexpr int kFlatMaxTensors = 224;  // per launch: FlatListMeta stays < 3.7 KB
+inline constexpr int64_t kFlatAlign = 16;    // elements
+inline constexpr int kFlatBlockSize = 512;
+
+struct FlatListMeta {
+  void* ptr[kFlatMaxTensors];
+  // Tensor t holds [start(t), end[t]) of the index space, start(t) = end[t - 1] rounded up to
+  // kFlatAlign (0 for t = 0); end is ascending.
+  int64_t end[kFlatMaxTensors];
+  int64_t per_block;  // elements of the index space per block, a multiple of kFlatAlign
+  int32_t num_tensors;
+};
+static_assert(sizeof(FlatListMeta) <= 3700, "kernel arguments must leave room under 4 KB");
+
+__host__ __device__ inline int64_t flat_round_up(int64_t n) { return (n + kFlatAlign - 1) / kFlatAlign * kFlatAlign; }
+
+// The range size that cuts lists of these numels (all lists together) into about target_blocks
+// ranges of at least min_per_block elements.
+inline int64_t flat_per_block(const std::vector<int64_t>& numels, int64_t target_blocks, int64_t min_per_block = 8192) {
+  int64_t space = 0;
+  for (int64_t n : numels) space += flat_round_up(n);
+  const int64_t per = (space + target_blocks - 1) / std::max<int64_t>(target_blocks, 1);
+  return flat_round_up(std::max(per, min_per_block));
+}
+
+class FlatPlan {
+ public:
+  struct Launch {
+    FlatListMeta meta;
+    int blocks;       // grid size
+    int first_block;  // of this launch among the plan's blocks (an offset into per-block outputs)
+  };
+  // tensors: (address, numel) pairs; numel 0 ones are left out. per_block: flat_per_block's.
+  FlatPlan(const std::vector<std::pair<void*, int64_t>>& tensors, int64_t per_block) {
+    Launch cur{};
+    int64_t space = 0;
+    auto flush = [&] {
+      if (cur.meta.num_tensors == 0) return;
+      cur.meta.per_block = per_block;
+      cur.blocks = static_cast<int>((space + per_block - 1) / per_block);
+      cur.first_block = total_blocks_;
+      total_blocks_ += cur.blocks;
+      launches_.push_back(cur);
+      cur = Launch{};
+      space = 0;
+    };
+    for (const auto& [ptr, numel] : tensors) {
+      if (numel == 0) continue;
+      if (cur.meta.num_tensors == kFlatMaxTensors) flush();
+      const int t = cur.meta.num_tensors++;
+      cur.meta.ptr[t] = ptr;
+      space = flat_round_up(space) + numel;
+      cur.meta.end[t] = space;
+    }
+    flush();
+  }
+  const std::vector<Launch>& launches() const { return launches_; }
+  int total_blocks() const { return total_blocks_; }
+
+ private:
+  std::vector<Launch> launches_;
+  int total_blocks_ = 0;
+};
+
+// ---- device side
+
+// Calls piece(t, begin, end) for every part of tensor t inside this block's range (elements
+// [begin, end) of the tensor, begin a multiple of kFlatAlign), in order (kReverse: last part first).
+// The same calls in every thread of the block.
+template <bool kReverse = false, class Piece>
+__device__ __forceinline__ void flat_block_pieces(const FlatListMeta& meta, Piece&& piece) {
+  const int64_t lo = static_cast<int64_t>(blockIdx.x) * meta.per_block;
+  const int64_t hi = lo + meta.per_block;
+  auto start = [&](int t) { return t == 0 ? int64_t{0} : flat_round_up(meta.end[t - 1]); };
+  int a = 0, b = meta.num_tensors;  // first: the first tensor ending after lo
+  while (a < b) {
+    const int m = (a + b) / 2;
+    if (meta.end[m] > lo)
+      b = m;
+    else
+      a = m + 1;
+  }
+  const int first = a;
+  b = meta.num_tensors;  // last: the tensor before the first one starting at or after hi
+  while (a < b) {
+    const int m = (a + b) / 2;
+    if (start(m) >= hi)
+      b = m;
+    else
+      a = m + 1;
+  }
+  const int last = a - 1;
+  for (int i = 0; i <= last - first; ++i) {
+    const int t = kReverse ? last - i : first + i;
+    const int64_t st = start(t);
+    const int64_t s = lo > st ? lo : st;
+    const int64_t e = hi < meta.end[t] ? hi : meta.end[t];
+    if (s < e) piece(t, s - st, e - st);
+  }
+}
+
+template <class T>
+struct alignas(16) Vec16 {
+  T v[16 / sizeof(T)];
+};
+
+// op(M& v) on every element of x[0, n) (v in opmath; stored back when kWrite), 16-byte vectors
+// when x is 16-byte aligned, kU of them in flight per thread. kReverse: from the end backwards.
+template <class T, bool kWrite, int kU = 4, bool kReverse = false, class Op>
+__device__ __forceinline__ void flat_piece_foreach(T* x, int64_t n, Op& op) {
+  using M = opmath_t<T>;
+  constexpr int kV = 16 / sizeof(T);
+  int64_t done = 0;
+  if (reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    const int64_t nvec = n / kV;
+    Vec16<T>* xv = reinterpret_cast<Vec16<T>*>(x);
+    const int64_t step = static_cast<int64_t>(blockDim.x) * kU;
+    for (int64_t i0 = threadIdx.x; i0 < nvec; i0 += step) {
+      Vec16<T> in[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int64_t i = i0 + static_cast<int64_t>(u) * blockDim.x;
+        if (i < nvec) in[u] = xv[kReverse ? nvec - 1 - i : i];
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int64_t i = i0 + static_cast<int64_t>(u) * blockDim.x;
+        if (i >= nvec) continue;
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          M v = to_opmath(in[u].v[k]);
+          op(v);
+          if constexpr (kWrite) in[u].v[k] = from_opmath<T>(v);
+        }
+        if constexpr (kWrite) xv[kReverse ? nvec - 1 - i : i] = in[u];
+      }
+    }
+    done = nvec * kV;
+  }
+  for (int64_t i = done + threadIdx.x; i < n; i += blockDim.x) {
+    M v = to_opmath(x[i]);
+    op(v);
+    if constexpr (kWrite) x[i] = from_opmath<T>(v);
+  }
+}
+
+// op(M& v) on every element of this block's range of the plan's tensors (all of type T).
+// kReverse walks the range from its end: a pass right after a forward pass over the same plan
+// starts on the bytes the forward pass read last, which are still in L2.
+template <class T, bool kWrite, int kU = 4, bool kReverse = false, class Op>
+__device__ __forceinline__ void flat_foreach(const FlatListMeta& meta, Op& op) {
+  flat_block_pieces<kReverse>(meta, [&](int t, int64_t b, int64_t e) {
+    flat_piece_foreach<T, kWrite, kU, kReverse>(static_cast<T*>(meta.ptr[t]) + b, e - b, op);
+  });
+}
+
+}  // namespace tg::cuda::mt
