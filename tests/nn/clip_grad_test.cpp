@@ -187,6 +187,23 @@ TEST(ClipGradNorm, HundredsOfTensors) {
   }
 }
 
+// Several launches per dtype and several dtypes: every block's partial lands in one buffer.
+TEST(ClipGradNorm, HundredsOfTensorsOfThreeDtypes) {
+  for (Device dev : devices()) {
+    SCOPED_TRACE(dev.str());
+    manual_seed(10);
+    std::vector<Tensor> ps;
+    const DType dts[] = {kFloat32, kFloat16, kBFloat16};
+    for (int i = 0; i < 700; ++i) ps.push_back(param_with_grad(randn({1 + (i * 104729) % 5000}).to(dts[i % 3]), dev));
+    const auto before = grads_of(ps);
+    const double ref = ref_norm(before, 2);
+    Tensor total = clip_grad_norm_(ps, 1.0);
+    EXPECT_EQ(total.dtype(), kFloat32);
+    EXPECT_NEAR(total.item<double>(), ref, 2e-5 * ref);
+    expect_scaled(before, grads_of(ps), coef_for(1.0, total), dtypes_of(ps));
+  }
+}
+
 TEST(ClipGradNorm, MaxNormAboveTheNormLeavesGradientsBitForBit) {
   for (Device dev : devices()) {
     SCOPED_TRACE(dev.str());
