@@ -6,6 +6,7 @@
 // of it can be captured in a CUDA graph.
 #include <cub/block/block_reduce.cuh>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <type_traits>
