@@ -3,6 +3,7 @@
 // inputs, extreme logits, float16 / bfloat16 with stated tolerances, gradients, bad inputs.
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "tests/autograd/common.h"
@@ -548,6 +549,27 @@ TEST(SoftmaxCuda, CrossEntropyFusedPathsMatchReference) {
       expect_near_vec(host(l), host(l64), 1e-5, 1e-5, "loss");
       expect_near_vec(host(xg.grad()), host(x64.grad()), 1e-7, 1e-4, "grad");
     }
+  // more rows than resident blocks: the streamed kernel (sm_90) walks several rows per block through
+  // its two shared-memory buffers; weights, smoothing and ignored rows against float64 on the CPU
+  for (auto [n, c, dt] : {std::tuple<int64_t, int64_t, DType>{1500, 4096, kFloat32}, {600, 50304, kBFloat16},
+                          {2000, 3000, kFloat16}}) {
+    SCOPED_TRACE(std::to_string(n) + "x" + std::to_string(c) + " " + dtype_name(dt));
+    Tensor x = (tg::randn({n, c}, kCUDA) * 3.0).to(dt);
+    Tensor tt = (tg::clamp(tg::rand({n}, kCUDA) * static_cast<double>(c), 0, c - 1)).to(kInt64);
+    Tensor wt = tg::rand({c}, kCUDA) + 0.5;
+    nn::functional::CrossEntropyOptions o{.ignore_index = 5, .label_smoothing = 0.1, .weight = wt};
+    Tensor xg = x.detach().requires_grad_(true);
+    Tensor l = cross_entropy(xg, tt, o);
+    l.backward();
+    Tensor x64 = x.to(kCPU, kFloat64).requires_grad_(true);
+    nn::functional::CrossEntropyOptions o64 = o;
+    o64.weight = wt.to(kCPU, kFloat64);
+    Tensor l64 = cross_entropy(x64, tt.cpu(), o64);
+    l64.backward();
+    const double tol = dt == kFloat32 ? 1e-5 : 2e-2;
+    EXPECT_NEAR(l.item<double>(), l64.item<double>(), tol * std::abs(l64.item<double>()));
+    expect_near_vec(host(xg.grad()), host(x64.grad()), 1e-8, tol * 2, "streamed grad");
+  }
   // an out-of-range class index on CUDA: a NaN loss, no synchronisation
   Tensor x = tg::randn({2, 5}, kCUDA);
   Tensor bad = tg::tensor<int64_t>({1, 7}, TensorOptions(kInt64).device(kCUDA));
