@@ -85,7 +85,10 @@ int main(int argc, char** argv) try {
   using Make = std::function<std::unique_ptr<ls::LRScheduler>(tg::optim::Optimizer&)>;
   std::vector<std::pair<std::string, Make>> sgd_cases = {
       {"StepLR", [](auto& o) { return std::make_unique<ls::StepLR>(o, 7, 0.5); }},
-      {"MultiStepLR", [](auto& o) { return std::make_unique<ls::MultiStepLR>(o, std::vector<int64_t>{10, 25, 25, 60}, 0.3); }},
+      {"MultiStepLR",
+       [](auto& o) {
+         return std::make_unique<ls::MultiStepLR>(o, std::vector<int64_t>{10, 25, 25, 60}, 0.3);
+       }},
       {"ConstantLR", [](auto& o) { return std::make_unique<ls::ConstantLR>(o, 0.25, 12); }},
       {"LinearLR", [](auto& o) { return std::make_unique<ls::LinearLR>(o, 0.2, 0.9, 30); }},
       {"ExponentialLR", [](auto& o) { return std::make_unique<ls::ExponentialLR>(o, 0.97); }},
@@ -94,9 +97,9 @@ int main(int argc, char** argv) try {
        [](auto& o) { return std::make_unique<ls::CosineAnnealingWarmRestarts>(o, 10, 2, 0.0005); }},
       {"LambdaLR",
        [](auto& o) {
-         return std::make_unique<ls::LambdaLR>(o, std::vector<std::function<double(int64_t)>>{
-                                                      [](int64_t e) { return 1.0 / (1.0 + 0.05 * e); },
-                                                      [](int64_t e) { return std::pow(0.99, e); }});
+         return std::make_unique<ls::LambdaLR>(
+             o, std::vector<std::function<double(int64_t)>>{[](int64_t e) { return 1.0 / (1.0 + 0.05 * e); },
+                                                            [](int64_t e) { return std::pow(0.99, e); }});
        }},
       {"SequentialLR",
        [](auto& o) {
@@ -116,14 +119,17 @@ int main(int argc, char** argv) try {
       {"ReduceLROnPlateau",
        [](auto& o) {
          return std::make_unique<ls::ReduceLROnPlateau>(
-             o, ls::ReduceLROnPlateauOptions{.factor = 0.7, .patience = 3, .threshold = 0.01, .cooldown = 2,
-                                             .min_lr = {1e-3}});
+             o, ls::ReduceLROnPlateauOptions{
+                    .factor = 0.7, .patience = 3, .threshold = 0.01, .cooldown = 2, .min_lr = {1e-3}});
        }},
       {"ReduceLROnPlateauMaxAbs",
        [](auto& o) {
-         return std::make_unique<ls::ReduceLROnPlateau>(
-             o, ls::ReduceLROnPlateauOptions{.mode = "max", .factor = 0.5, .patience = 2, .threshold = 0.05,
-                                             .threshold_mode = "abs", .min_lr = {1e-3, 1e-4}});
+         return std::make_unique<ls::ReduceLROnPlateau>(o, ls::ReduceLROnPlateauOptions{.mode = "max",
+                                                                                        .factor = 0.5,
+                                                                                        .patience = 2,
+                                                                                        .threshold = 0.05,
+                                                                                        .threshold_mode = "abs",
+                                                                                        .min_lr = {1e-3, 1e-4}});
        }},
   };
   std::printf("{");
@@ -144,14 +150,13 @@ int main(int argc, char** argv) try {
   }
   {  // 1cycle, two phases, cosine, SGD momentum cycled
     auto opt = make_sgd();
-    emit("OneCycleLR",
-         run(
-             *opt,
-             [&](auto& o) {
-               return std::make_unique<ls::OneCycleLR>(o, std::vector<double>{0.5, 0.1},
-                                                       ls::OneCycleLROptions{.total_steps = steps});
-             },
-             steps, [&](size_t g) { return opt->param_groups()[g].options.momentum; }));
+    emit("OneCycleLR", run(
+                           *opt,
+                           [&](auto& o) {
+                             return std::make_unique<ls::OneCycleLR>(o, std::vector<double>{0.5, 0.1},
+                                                                     ls::OneCycleLROptions{.total_steps = steps});
+                           },
+                           steps, [&](size_t g) { return opt->param_groups()[g].options.momentum; }));
   }
   {  // 1cycle, three phases, linear, Adam's beta1 cycled
     using Group = tg::optim::ParamGroup<tg::optim::AdamOptions>;
@@ -162,12 +167,16 @@ int main(int argc, char** argv) try {
          run(
              opt,
              [&](auto& o) {
-               return std::make_unique<ls::OneCycleLR>(
-                   o, 0.8,
-                   ls::OneCycleLROptions{.epochs = steps / 10, .steps_per_epoch = 10, .pct_start = 0.25,
-                                         .anneal_strategy = "linear", .base_momentum = {0.8},
-                                         .max_momentum = {0.9}, .div_factor = 10, .final_div_factor = 100,
-                                         .three_phase = true});
+               return std::make_unique<ls::OneCycleLR>(o, 0.8,
+                                                       ls::OneCycleLROptions{.epochs = steps / 10,
+                                                                             .steps_per_epoch = 10,
+                                                                             .pct_start = 0.25,
+                                                                             .anneal_strategy = "linear",
+                                                                             .base_momentum = {0.8},
+                                                                             .max_momentum = {0.9},
+                                                                             .div_factor = 10,
+                                                                             .final_div_factor = 100,
+                                                                             .three_phase = true});
              },
              steps, [&](size_t g) { return opt.param_groups()[g].options.betas.first; }));
   }

@@ -418,8 +418,7 @@ std::vector<double> CosineAnnealingLR::get_lr() {
     return lrs;
   }
   if (py_mod(last_epoch_ - 1 - T_max_, 2 * T_max_) == 0) {
-    for (size_t g = 0; g < lrs.size(); ++g)
-      lrs[g] = lrs[g] + (base_lrs_[g] - eta_min_) * (1 - std::cos(kPi / t)) / 2;
+    for (size_t g = 0; g < lrs.size(); ++g) lrs[g] = lrs[g] + (base_lrs_[g] - eta_min_) * (1 - std::cos(kPi / t)) / 2;
     return lrs;
   }
   const double ratio = (1 + std::cos(kPi * e / t)) / (1 + std::cos(kPi * (e - 1) / t));
@@ -476,8 +475,8 @@ void CosineAnnealingWarmRestarts::step() {
   int64_t t_cur = T_cur_ + 1, t_i = T_i_;
   if (t_cur >= t_i) {
     t_cur = t_cur % t_i;
-    TG_CHECK(t_i <= std::numeric_limits<int64_t>::max() / T_mult_, "CosineAnnealingWarmRestarts.step: the period ",
-             t_i, " * T_mult ", T_mult_, " overflows");
+    TG_CHECK(t_i <= std::numeric_limits<int64_t>::max() / T_mult_, "CosineAnnealingWarmRestarts.step: the period ", t_i,
+             " * T_mult ", T_mult_, " overflows");
     t_i = t_i * T_mult_;
   }
   T_cur_ = t_cur;
@@ -539,8 +538,8 @@ SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<std::shared_ptr<LRS
     TG_CHECK(schedulers_[i] != nullptr, "SequentialLR: scheduler ", i, " is null");
     TG_CHECK(dynamic_cast<ReduceLROnPlateau*>(schedulers_[i].get()) == nullptr,
              "SequentialLR: does not support a ReduceLROnPlateau (scheduler ", i, "): its step needs a metric");
-    TG_CHECK(&schedulers_[i]->optimizer() == &optimizer, "SequentialLR: scheduler ", i, " (",
-             schedulers_[i]->name(), ") belongs to a different optimizer");
+    TG_CHECK(&schedulers_[i]->optimizer() == &optimizer, "SequentialLR: scheduler ", i, " (", schedulers_[i]->name(),
+             ") belongs to a different optimizer");
   }
   TG_CHECK(milestones_.size() == schedulers_.size() - 1,
            "SequentialLR: expects one milestone fewer than schedulers, but got ", schedulers_.size(),
@@ -689,9 +688,7 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, std::vector<double> max_lr, OneCycl
 void OneCycleLR::build_phases() {
   const double total = static_cast<double>(total_steps_);
   if (three_phase_) {
-    phases_ = {{pct_start_ * total - 1, 0, 1, 0, 1},
-               {2 * pct_start_ * total - 2, 1, 0, 1, 0},
-               {total - 1, 0, 2, 0, 0}};
+    phases_ = {{pct_start_ * total - 1, 0, 1, 0, 1}, {2 * pct_start_ * total - 2, 1, 0, 1, 0}, {total - 1, 0, 2, 0, 0}};
   } else {
     phases_ = {{pct_start_ * total - 1, 0, 1, 0, 1}, {total - 1, 1, 2, 1, 0}};
   }
@@ -758,7 +755,8 @@ void OneCycleLR::load_extra(const nn::StateDict& in) {
   const double pct = get_f64(in, "pct_start"), div = get_f64(in, "div_factor"), fdiv = get_f64(in, "final_div_factor");
   const int64_t lin = get_i64(in, "anneal_strategy_linear"), three = get_i64(in, "three_phase");
   const int64_t cyc = get_i64(in, "cycle_momentum"), beta1 = get_i64(in, "use_beta1");
-  std::vector<double> max_lr = get_f64s(in, "max_lr"), init = get_f64s(in, "initial_lr"), min_lr = get_f64s(in, "min_lr");
+  std::vector<double> max_lr = get_f64s(in, "max_lr"), init = get_f64s(in, "initial_lr"),
+                      min_lr = get_f64s(in, "min_lr");
   std::vector<double> max_m = get_f64s(in, "max_momentum"), base_m = get_f64s(in, "base_momentum");
   TG_CHECK(total > 0 && pct >= 0 && pct <= 1 && div > 0 && fdiv > 0, "OneCycleLR.load_state_dict: bad total_steps ",
            total, ", pct_start ", pct, ", div_factor ", div, " or final_div_factor ", fdiv);
@@ -783,8 +781,7 @@ void OneCycleLR::load_extra(const nn::StateDict& in) {
 
 // ---- ReduceLROnPlateau
 
-ReduceLROnPlateau::ReduceLROnPlateau(Optimizer& optimizer, ReduceLROnPlateauOptions o)
-    : LRScheduler(optimizer, false) {
+ReduceLROnPlateau::ReduceLROnPlateau(Optimizer& optimizer, ReduceLROnPlateauOptions o) : LRScheduler(optimizer, false) {
   TG_CHECK(o.factor < 1.0 && o.factor >= 0, "ReduceLROnPlateau: factor should be in [0, 1), got ", o.factor);
   TG_CHECK(o.mode == "min" || o.mode == "max", "ReduceLROnPlateau: mode '", o.mode, "' is unknown (min or max)");
   TG_CHECK(o.threshold_mode == "rel" || o.threshold_mode == "abs", "ReduceLROnPlateau: threshold mode '",

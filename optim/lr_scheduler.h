@@ -66,7 +66,10 @@ class LRScheduler {
   virtual void save_extra(nn::StateDict& out) const { (void)out; }
   virtual void load_extra(const nn::StateDict& in) { (void)in; }
   // Keys whose 1-D length may differ from this scheduler's (e.g. "milestones").
-  virtual bool variable_length(const std::string& key) const { (void)key; return false; }
+  virtual bool variable_length(const std::string& key) const {
+    (void)key;
+    return false;
+  }
 
   std::vector<double> current_lrs() const;
   void set_lrs(const std::vector<double>& lrs);
@@ -186,7 +189,8 @@ class ExponentialLR final : public LRScheduler {
 // (past T_max the cosine continues, back up).
 class CosineAnnealingLR final : public LRScheduler {
  public:
-  CosineAnnealingLR(Optimizer& optimizer, int64_t T_max, double eta_min = 0.0);  // NOLINT(readability-identifier-naming)
+  CosineAnnealingLR(Optimizer& optimizer, int64_t T_max,
+                    double eta_min = 0.0);  // NOLINT(readability-identifier-naming)
   const char* name() const override { return "CosineAnnealingLR"; }
 
  protected:
@@ -241,16 +245,16 @@ class SequentialLR final : public LRScheduler {
 };
 
 struct OneCycleLROptions {
-  int64_t total_steps = 0;      // 0: epochs * steps_per_epoch (both then required)
+  int64_t total_steps = 0;  // 0: epochs * steps_per_epoch (both then required)
   int64_t epochs = 0;
   int64_t steps_per_epoch = 0;
-  double pct_start = 0.3;       // in [0, 1]
-  std::string anneal_strategy = "cos";  // "cos" or "linear"
-  bool cycle_momentum = true;   // needs an optimizer with "momentum" (SGD) or "betas" (Adam: beta1)
+  double pct_start = 0.3;                      // in [0, 1]
+  std::string anneal_strategy = "cos";         // "cos" or "linear"
+  bool cycle_momentum = true;                  // needs an optimizer with "momentum" (SGD) or "betas" (Adam: beta1)
   std::vector<double> base_momentum = {0.85};  // one value, or one per group
   std::vector<double> max_momentum = {0.95};
-  double div_factor = 25.0;        // initial_lr = max_lr / div_factor
-  double final_div_factor = 1e4;   // min_lr = initial_lr / final_div_factor
+  double div_factor = 25.0;       // initial_lr = max_lr / div_factor
+  double final_div_factor = 1e4;  // min_lr = initial_lr / final_div_factor
   bool three_phase = false;
 };
 
@@ -287,8 +291,8 @@ class OneCycleLR final : public LRScheduler {
 };
 
 struct ReduceLROnPlateauOptions {
-  std::string mode = "min";            // "min" or "max"
-  double factor = 0.1;                 // new_lr = lr * factor, in [0, 1)
+  std::string mode = "min";  // "min" or "max"
+  double factor = 0.1;       // new_lr = lr * factor, in [0, 1)
   int64_t patience = 10;
   double threshold = 1e-4;
   std::string threshold_mode = "rel";  // "rel" or "abs"

@@ -105,12 +105,13 @@ FusedStepTarget Optimizer::fused_cache(size_t group, Device device, DType dtype)
     if (slot == nullptr || slot->written != value) {
       // Only a group whose parameters were changed through param_groups() lacks a copy, and only an
       // lr assigned there without set_lr makes one stale: a capture would freeze the refresh.
-      TG_CHECK(!::tg::cuda::detail::stream_capturing(device.index()), name(), ".step: the lr of parameter group ", group, " (", value,
-               ") was changed without set_lr (or the group gained parameters on ", device,
+      TG_CHECK(!::tg::cuda::detail::stream_capturing(device.index()), name(), ".step: the lr of parameter group ",
+               group, " (", value, ") was changed without set_lr (or the group gained parameters on ", device,
                ") and the step is being captured; call set_lr outside the captured region");
       NoGradGuard no_grad;
       if (slot == nullptr) {
-        lr_slots_.push_back(LrSlot{group, device, tg::full({}, value, TensorOptions().dtype(kFloat64).device(device)), value});
+        lr_slots_.push_back(
+            LrSlot{group, device, tg::full({}, value, TensorOptions().dtype(kFloat64).device(device)), value});
         slot = &lr_slots_.back();
       } else {
         slot->value.fill_(value);
@@ -161,7 +162,8 @@ double Optimizer::initial_lr(size_t group) const {
 void Optimizer::set_initial_lr(size_t group, double lr) {
   TG_CHECK(group < num_param_groups(), name(), ": parameter group ", group, " out of range (", num_param_groups(),
            " groups)");
-  if (initial_lrs_.size() < num_param_groups()) initial_lrs_.resize(num_param_groups(), std::numeric_limits<double>::quiet_NaN());
+  if (initial_lrs_.size() < num_param_groups())
+    initial_lrs_.resize(num_param_groups(), std::numeric_limits<double>::quiet_NaN());
   initial_lrs_[group] = lr;
 }
 

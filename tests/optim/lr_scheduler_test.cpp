@@ -97,8 +97,9 @@ TEST(LrScheduler, LinearLRDecayToZero) {
   TwoGroups t;
   ls::LinearLR s(t.opt, 1.0, 0.0, 50);
   expect_schedule(
-      s, t.opt, [](int64_t e, size_t g) { return base(g) * (1.0 - static_cast<double>(std::min<int64_t>(e, 50)) / 50); },
-      120, 1e-11, 1e-15);
+      s, t.opt,
+      [](int64_t e, size_t g) { return base(g) * (1.0 - static_cast<double>(std::min<int64_t>(e, 50)) / 50); }, 120,
+      1e-11, 1e-15);
 }
 
 TEST(LrScheduler, ExponentialLR) {
@@ -112,9 +113,8 @@ TEST(LrScheduler, CosineAnnealingLRPastTMax) {
   ls::CosineAnnealingLR s(t.opt, 40, 0.001);
   // PyTorch's recursive form follows the cosine past T_max (back up), as the closed form does.
   expect_schedule(
-      s, t.opt,
-      [](int64_t e, size_t g) { return 0.001 + (base(g) - 0.001) * (1 + std::cos(kPi * e / 40.0)) / 2; }, 120, 1e-10,
-      1e-15);
+      s, t.opt, [](int64_t e, size_t g) { return 0.001 + (base(g) - 0.001) * (1 + std::cos(kPi * e / 40.0)) / 2; }, 120,
+      1e-10, 1e-15);
   EXPECT_DOUBLE_EQ(0.001, [&] {  // exactly eta_min at T_max in the recursion (1 + cos(pi) == 0)
     TwoGroups u;
     ls::CosineAnnealingLR c(u.opt, 40, 0.001);
@@ -145,12 +145,14 @@ TEST(LrScheduler, CosineAnnealingWarmRestartsConstantPeriod) {
 
 TEST(LrScheduler, LambdaLRPerGroup) {
   TwoGroups t;
-  ls::LambdaLR s(t.opt, {[](int64_t e) { return 1.0 / (1.0 + 0.05 * e); }, [](int64_t e) { return e < 50 ? 1.0 : 0.1; }});
-  expect_schedule(s, t.opt,
-                  [](int64_t e, size_t g) { return g == 0 ? kBase0 / (1.0 + 0.05 * e) : kBase1 * (e < 50 ? 1.0 : 0.1); });
+  ls::LambdaLR s(t.opt,
+                 {[](int64_t e) { return 1.0 / (1.0 + 0.05 * e); }, [](int64_t e) { return e < 50 ? 1.0 : 0.1; }});
+  expect_schedule(
+      s, t.opt, [](int64_t e, size_t g) { return g == 0 ? kBase0 / (1.0 + 0.05 * e) : kBase1 * (e < 50 ? 1.0 : 0.1); });
   TwoGroups u;
   ls::LambdaLR one(u.opt, [](int64_t e) { return std::pow(0.5, e); });
-  expect_schedule(one, u.opt, [](int64_t e, size_t g) { return base(g) * std::pow(0.5, e); }, 30);
+  expect_schedule(
+      one, u.opt, [](int64_t e, size_t g) { return base(g) * std::pow(0.5, e); }, 30);
 }
 
 TEST(LrScheduler, SequentialLRWarmupThenCosine) {
@@ -226,8 +228,14 @@ TEST(LrScheduler, OneCycleLRLinearThreePhaseBeta1) {
   auto p = std::vector<Tensor>{tg::zeros({4}, kFloat64).requires_grad_()};
   optim::Adam opt(p, {.lr = 1.0, .betas = {0.9, 0.98}});
   ls::OneCycleLR s(opt, 0.8,
-                   {.epochs = 10, .steps_per_epoch = 12, .pct_start = 0.25, .anneal_strategy = "linear",
-                    .base_momentum = {0.8}, .max_momentum = {0.9}, .div_factor = 10, .final_div_factor = 100,
+                   {.epochs = 10,
+                    .steps_per_epoch = 12,
+                    .pct_start = 0.25,
+                    .anneal_strategy = "linear",
+                    .base_momentum = {0.8},
+                    .max_momentum = {0.9},
+                    .div_factor = 10,
+                    .final_div_factor = 100,
                     .three_phase = true});
   EXPECT_EQ(s.total_steps(), 120);
   auto lin = [](double a, double b, double pct) { return (b - a) * pct + a; };
@@ -308,10 +316,23 @@ TEST(LrScheduler, ReduceLROnPlateauAgainstReference) {
   for (const char* mode : {"min", "max"})
     for (const char* tmode : {"rel", "abs"}) {
       TwoGroups t;
-      ls::ReduceLROnPlateau s(t.opt, {.mode = mode, .factor = 0.7, .patience = 3, .threshold = 0.01,
-                                      .threshold_mode = tmode, .cooldown = 2, .min_lr = {1e-3}});
-      RefPlateau ref{0.7, 0.01, 1e-8, 3, 2, std::string(mode) == "max", std::string(tmode) == "abs",
-                     {1e-3, 1e-3}, {kBase0, kBase1}, std::string(mode) == "max" ? -INFINITY : INFINITY};
+      ls::ReduceLROnPlateau s(t.opt, {.mode = mode,
+                                      .factor = 0.7,
+                                      .patience = 3,
+                                      .threshold = 0.01,
+                                      .threshold_mode = tmode,
+                                      .cooldown = 2,
+                                      .min_lr = {1e-3}});
+      RefPlateau ref{0.7,
+                     0.01,
+                     1e-8,
+                     3,
+                     2,
+                     std::string(mode) == "max",
+                     std::string(tmode) == "abs",
+                     {1e-3, 1e-3},
+                     {kBase0, kBase1},
+                     std::string(mode) == "max" ? -INFINITY : INFINITY};
       for (int e = 0; e < 150; ++e) {
         // Improves for a while, then plateaus with small wiggles (a few steps improve by < threshold).
         const double loss = e < 30 ? 10.0 - 0.2 * e : 4.0 + 0.001 * ((e * 7) % 5);
@@ -341,7 +362,8 @@ void expect_resume(const std::function<std::unique_ptr<ls::LRScheduler>(optim::O
   TwoGroups first;
   auto s1 = make(first.opt);
   for (int e = 0; e < cut; ++e) s1->step();
-  const auto path = (std::filesystem::temp_directory_path() / ("tg_lr_sched_" + std::string(s1->name()) + ".safetensors")).string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / ("tg_lr_sched_" + std::string(s1->name()) + ".safetensors")).string();
   tg::save(s1->state_dict(), path);
   const optim::OptimizerStateDict opt_sd = first.opt.state_dict();
 
@@ -360,15 +382,16 @@ void expect_resume(const std::function<std::unique_ptr<ls::LRScheduler>(optim::O
 
 TEST(LrScheduler, StateDictResumesEveryScheduler) {
   expect_resume([](optim::Optimizer& o) { return std::make_unique<ls::StepLR>(o, 9, 0.7); });
-  expect_resume([](optim::Optimizer& o) { return std::make_unique<ls::MultiStepLR>(o, std::vector<int64_t>{20, 50}, 0.5); });
+  expect_resume([](optim::Optimizer& o) {
+    return std::make_unique<ls::MultiStepLR>(o, std::vector<int64_t>{20, 50}, 0.5);
+  });
   expect_resume([](optim::Optimizer& o) { return std::make_unique<ls::ConstantLR>(o, 0.5, 40); });
   expect_resume([](optim::Optimizer& o) { return std::make_unique<ls::LinearLR>(o, 0.3, 1.0, 60); });
   expect_resume([](optim::Optimizer& o) { return std::make_unique<ls::ExponentialLR>(o, 0.95); });
   expect_resume([](optim::Optimizer& o) { return std::make_unique<ls::CosineAnnealingLR>(o, 30, 1e-4); });
   expect_resume([](optim::Optimizer& o) { return std::make_unique<ls::CosineAnnealingWarmRestarts>(o, 8, 2, 1e-4); });
-  expect_resume([](optim::Optimizer& o) {
-    return std::make_unique<ls::LambdaLR>(o, [](int64_t e) { return 1.0 / (1 + e); });
-  });
+  expect_resume(
+      [](optim::Optimizer& o) { return std::make_unique<ls::LambdaLR>(o, [](int64_t e) { return 1.0 / (1 + e); }); });
   expect_resume([](optim::Optimizer& o) {
     return std::make_unique<ls::OneCycleLR>(o, 0.4, ls::OneCycleLROptions{.total_steps = 100, .three_phase = true});
   });
@@ -445,8 +468,8 @@ TEST(LrScheduler, LoadStateDictRejectsOtherSchedulersAndBadEntries) {
   };
   EXPECT_THROW(cos.load_state_dict(without("T_max")), tg::Error);
   EXPECT_THROW(cos.load_state_dict(without("type")), tg::Error);
-  EXPECT_THROW(cos.load_state_dict(with("T_max", tg::full({}, 0, kInt64))), tg::Error);       // T_max <= 0
-  EXPECT_THROW(cos.load_state_dict(with("T_max", tg::full({}, 10.0, kFloat64))), tg::Error);  // dtype
+  EXPECT_THROW(cos.load_state_dict(with("T_max", tg::full({}, 0, kInt64))), tg::Error);                  // T_max <= 0
+  EXPECT_THROW(cos.load_state_dict(with("T_max", tg::full({}, 10.0, kFloat64))), tg::Error);             // dtype
   EXPECT_THROW(cos.load_state_dict(with("base_lrs", tg::tensor(std::vector<double>{0.1}))), tg::Error);  // groups
   EXPECT_THROW(cos.load_state_dict(with("extra", tg::full({}, 1.0, kFloat64))), tg::Error);
   EXPECT_THROW(cos.load_state_dict(with("last_epoch", tg::full({}, -5, kInt64))), tg::Error);
@@ -454,8 +477,7 @@ TEST(LrScheduler, LoadStateDictRejectsOtherSchedulersAndBadEntries) {
   const nn::StateDict after = cos.state_dict();
   for (const auto& [k, v] : before) {
     const Tensor& w = after.at(k);
-    EXPECT_TRUE(w.dtype() == v.dtype() && w.sizes() == v.sizes() && host(w.to(kFloat64)) == host(v.to(kFloat64)))
-        << k;
+    EXPECT_TRUE(w.dtype() == v.dtype() && w.sizes() == v.sizes() && host(w.to(kFloat64)) == host(v.to(kFloat64))) << k;
   }
 }
 
@@ -502,7 +524,11 @@ TEST(LrScheduler, BadArgumentsAreErrors) {
   expect_error([&] { ls::SequentialLR s(o, {a, b}, {}); }, "milestone");
   expect_error([&] { ls::SequentialLR s(o, {a, b}, {0}); }, "milestones");
   expect_error([&] { ls::SequentialLR s(o, {}, {}); }, "at least one");
-  expect_error([&] { ls::SequentialLR s(o, {a, std::make_shared<ls::ReduceLROnPlateau>(o)}, {5}); }, "ReduceLROnPlateau");
+  expect_error(
+      [&] {
+        ls::SequentialLR s(o, {a, std::make_shared<ls::ReduceLROnPlateau>(o)}, {5});
+      },
+      "ReduceLROnPlateau");
   TwoGroups other;
   auto c = std::make_shared<ls::StepLR>(other.opt, 3);
   expect_error([&] { ls::SequentialLR s(o, {a, c}, {5}); }, "different optimizer");
@@ -688,7 +714,8 @@ void graph_follows_scheduler(const Options& o, bool decoupled) {
 
 TEST(LrSchedulerCuda, CapturedSgdStepReplaysWithScheduledLr) {
   if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
-  graph_follows_scheduler<optim::SGD, optim::SGDOptions, RefSgd>({.lr = 0.05, .momentum = 0.9, .nesterov = true}, false);
+  graph_follows_scheduler<optim::SGD, optim::SGDOptions, RefSgd>({.lr = 0.05, .momentum = 0.9, .nesterov = true},
+                                                                 false);
 }
 
 TEST(LrSchedulerCuda, CapturedAdamWStepReplaysWithScheduledLr) {
