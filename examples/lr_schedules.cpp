@@ -116,6 +116,13 @@ int main(int argc, char** argv) try {
          return std::make_unique<ls::SequentialLR>(o, std::vector<std::shared_ptr<ls::LRScheduler>>{a, b, c},
                                                    std::vector<int64_t>{10, 30});
        }},
+      {"SequentialLRWarmRestarts",
+       [](auto& o) {
+         auto a = std::make_shared<ls::ConstantLR>(o, 0.5, 5);
+         auto b = std::make_shared<ls::CosineAnnealingWarmRestarts>(o, 10, 1, 0.001);
+         return std::make_unique<ls::SequentialLR>(o, std::vector<std::shared_ptr<ls::LRScheduler>>{a, b},
+                                                   std::vector<int64_t>{8});
+       }},
       {"ReduceLROnPlateau",
        [](auto& o) {
          return std::make_unique<ls::ReduceLROnPlateau>(

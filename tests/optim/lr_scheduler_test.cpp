@@ -184,6 +184,18 @@ TEST(LrScheduler, SequentialLRThreeSchedulers) {
   });
 }
 
+// At the milestone CosineAnnealingWarmRestarts restarts through its own step(0) (T_cur back to 0).
+TEST(LrScheduler, SequentialLRIntoWarmRestarts) {
+  TwoGroups t;
+  auto a = std::make_shared<ls::ConstantLR>(t.opt, 0.5, 5);
+  auto b = std::make_shared<ls::CosineAnnealingWarmRestarts>(t.opt, 10, 1, 0.001);
+  ls::SequentialLR s(t.opt, {a, b}, {8});
+  expect_schedule(s, t.opt, [](int64_t e, size_t g) {
+    if (e < 8) return e < 5 ? base(g) * 0.5 : base(g);
+    return 0.001 + (base(g) - 0.001) * (1 + std::cos(kPi * static_cast<double>((e - 8) % 10) / 10)) / 2;
+  });
+}
+
 // 1cycle, two phases, cosine: up from max/25 over 30% of 100 steps, then down to max/25/1e4;
 // SGD momentum goes 0.95 -> 0.85 -> 0.95. Step 100 extrapolates; step 101 is refused.
 TEST(LrScheduler, OneCycleLRCosTwoPhaseWithMomentum) {

@@ -52,6 +52,8 @@ def cases(torch, steps):
                                                         [5]), None),
         "SequentialLR3": (sgd, lambda o: S.SequentialLR(
             o, [S.ConstantLR(o, 0.5, 3), S.ExponentialLR(o, 0.9), S.StepLR(o, 10, 0.5)], [10, 30]), None),
+        "SequentialLRWarmRestarts": (sgd, lambda o: S.SequentialLR(
+            o, [S.ConstantLR(o, 0.5, 5), S.CosineAnnealingWarmRestarts(o, 10, 1, 0.001)], [8]), None),
         "ReduceLROnPlateau": (sgd, lambda o: S.ReduceLROnPlateau(o, factor=0.7, patience=3, threshold=0.01,
                                                                  cooldown=2, min_lr=1e-3), None),
         "ReduceLROnPlateauMaxAbs": (sgd, lambda o: S.ReduceLROnPlateau(
