@@ -808,6 +808,13 @@ std::vector<double> ReduceLROnPlateau::get_lr() { return current_lrs(); }
 
 void ReduceLROnPlateau::step() { TG_ERROR("ReduceLROnPlateau.step: needs the metric, step(metric)"); }
 
+void ReduceLROnPlateau::step(const Tensor& metric) {
+  TG_CHECK(metric.defined() && metric.numel() == 1 && metric.dtype() != kBool,
+           "ReduceLROnPlateau.step: the metric must be a numeric tensor with one element, got ",
+           metric.defined() ? metric.sizes() : Shape{});
+  step(metric.detach().to(Device(kCPU), kFloat64).item<double>());
+}
+
 bool ReduceLROnPlateau::is_better(double a, double best) const {
   if (!max_mode_ && !abs_threshold_) return a < best * (1.0 - threshold_);
   if (!max_mode_) return a < best - threshold_;

@@ -308,6 +308,7 @@ class ReduceLROnPlateau final : public LRScheduler {
   explicit ReduceLROnPlateau(Optimizer& optimizer, ReduceLROnPlateauOptions options = {});
   void step() override;
   void step(double metric);
+  void step(const Tensor& metric);  // one element, read on the host (a sync for a CUDA tensor)
   const char* name() const override { return "ReduceLROnPlateau"; }
   double best() const { return best_; }
   int64_t num_bad_epochs() const { return num_bad_epochs_; }

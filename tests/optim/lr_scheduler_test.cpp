@@ -321,7 +321,10 @@ TEST(LrScheduler, ReduceLROnPlateauHandChecked) {
     EXPECT_DOUBLE_EQ(s.get_last_lr()[1], want1[i]) << i;
   }
   EXPECT_EQ(s.best(), 4);
-  EXPECT_THROW(s.step(), tg::Error);  // needs a metric
+  EXPECT_THROW(s.step(), tg::Error);    // needs a metric
+  s.step(tg::full({}, 3.0, kFloat32));  // a 0-d tensor, as PyTorch's float(metrics)
+  EXPECT_EQ(s.best(), 3);
+  EXPECT_THROW(s.step(tg::zeros({2})), tg::Error);
 }
 
 TEST(LrScheduler, ReduceLROnPlateauAgainstReference) {
