@@ -630,6 +630,34 @@ TEST(LrScheduler, OptimizerStateDictRoundTripsLr) {
   for (const auto& [k, v] : sd) EXPECT_EQ(k.find("initial_lr"), std::string::npos) << k;
 }
 
+// The options by name that OneCycleLR cycles, validated as the constructor does; initial_lr is
+// NaN until the first scheduler records it.
+TEST(LrScheduler, OptimizerOptionsByName) {
+  TwoGroups t;
+  std::vector<double> v;
+  EXPECT_TRUE(t.opt.group_option(1, "momentum", v));
+  EXPECT_EQ(v, std::vector<double>{0.9});
+  EXPECT_FALSE(t.opt.group_option(0, "betas", v));
+  EXPECT_FALSE(t.opt.group_option(0, "nesterov", v));  // not numeric
+  t.opt.set_group_option(1, "momentum", {0.5});
+  EXPECT_EQ(t.opt.param_groups()[1].options.momentum, 0.5);
+  EXPECT_EQ(t.opt.param_groups()[0].options.momentum, 0.9);
+  EXPECT_THROW(t.opt.set_group_option(0, "momentum", {-1.0}), tg::Error);  // SGD's own check
+  EXPECT_EQ(t.opt.param_groups()[0].options.momentum, 0.9);
+  EXPECT_THROW(t.opt.set_group_option(0, "betas", {0.9, 0.99}), tg::Error);
+  EXPECT_THROW(t.opt.set_group_option(0, "momentum", {0.1, 0.2}), tg::Error);
+  EXPECT_THROW(t.opt.group_option(2, "momentum", v), tg::Error);  // no group 2
+  auto p = std::vector<Tensor>{tg::zeros({2}, kFloat64).requires_grad_()};
+  optim::Adam adam(p, {.lr = 0.1});
+  EXPECT_TRUE(adam.group_option(0, "betas", v));
+  EXPECT_EQ(v, (std::vector<double>{0.9, 0.999}));
+  EXPECT_THROW(adam.set_group_option(0, "betas", {1.0, 0.999}), tg::Error);  // beta1 in [0, 1)
+  EXPECT_TRUE(std::isnan(t.opt.initial_lr(0)));
+  ls::ExponentialLR s(t.opt, 0.5);
+  EXPECT_EQ(t.opt.initial_lr(0), kBase0);
+  EXPECT_EQ(t.opt.initial_lr(1), kBase1);
+}
+
 // ---- CUDA: the device lr
 
 std::vector<float> bits(const std::vector<Tensor>& ps) {
