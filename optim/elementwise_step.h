@@ -51,10 +51,11 @@ void cpu_update(const BucketLists& l, size_t i, float step, const typename Rule:
   });
 }
 
-// Runs the step of `Rule` over one bucket. `cache`: the bucket's fused-step cache (CUDA).
+// Runs the step of `Rule` over one bucket. `target`: the bucket's fused-step cache and the group's
+// device lr (CUDA; the kernels read the lr there, overriding h.lr); the CPU loop uses h.lr.
 template <class Rule>
 void elementwise_step(const char* op, const Bucket& bucket, BucketLists lists, const typename Rule::Hyper& h,
-                      const StepArgs& args, std::unique_ptr<FusedCache>& cache) {
+                      const StepArgs& args, FusedStepTarget target) {
   if (bucket.device.is_cpu()) {
     cpu_scalar(op, args.found_inf, "found_inf", bucket.device, 0.f);  // checks the device
     const bool scaled = args.grad_scale.defined();
@@ -91,10 +92,11 @@ void elementwise_step(const char* op, const Bucket& bucket, BucketLists lists, c
   l.steps = std::move(lists.steps);
   const float* grad_scale = device_scalar(op, args.grad_scale, "grad_scale", bucket.device);
   const float* found_inf = device_scalar(op, args.found_inf, "found_inf", bucket.device);
-  cuda::fused_rule_step(cache, op, l, h, grad_scale, found_inf);
+  l.lr = target.lr;
+  cuda::fused_rule_step(target.cache, op, l, h, grad_scale, found_inf);
   shadows_updated(l.params, l.shadows);
 #else
-  (void)cache;
+  (void)target;
   TG_ERROR(op, ": parameters on ", bucket.device, " but tapegrad was built without CUDA");
 #endif
 }

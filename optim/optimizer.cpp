@@ -2,13 +2,16 @@
 // shared step helpers of optim/step_util.h.
 #include <tapegrad/optim/optimizer.h>
 
+#include <algorithm>
 #include <charconv>
+#include <limits>
 #include <optional>
 #include <set>
 #include <unordered_set>
 
 #include <tapegrad/core/cast_copies.h>
 #include <tapegrad/autograd/autograd.h>
+#include <tapegrad/core/cuda_graph.h>
 #include <tapegrad/core/ops.h>
 #include <tapegrad/optim/step_util.h>
 
@@ -92,11 +95,82 @@ void Optimizer::check_new_params(const std::vector<Tensor>& params) const {
                ": some parameters appear in more than one parameter group (one of shape ", p.sizes(), ")");
 }
 
-std::unique_ptr<FusedCache>& Optimizer::fused_cache(size_t group, Device device, DType dtype) {
+FusedStepTarget Optimizer::fused_cache(size_t group, Device device, DType dtype) {
+  const double* lr_ptr = nullptr;
+  if (device.is_cuda()) {
+    LrSlot* slot = nullptr;
+    for (auto& s : lr_slots_)
+      if (s.group == group && s.device == device) slot = &s;
+    const double value = lr(group);
+    if (slot == nullptr || slot->written != value) {
+      // Only a group whose parameters were changed through param_groups() lacks a copy, and only an
+      // lr assigned there without set_lr makes one stale: a capture would freeze the refresh.
+      TG_CHECK(!::tg::cuda::detail::stream_capturing(device.index()), name(), ".step: the lr of parameter group ",
+               group, " (", value, ") was changed without set_lr (or the group gained parameters on ", device,
+               ") and the step is being captured; call set_lr outside the captured region");
+      NoGradGuard no_grad;
+      if (slot == nullptr) {
+        lr_slots_.push_back(
+            LrSlot{group, device, tg::full({}, value, TensorOptions().dtype(kFloat64).device(device)), value});
+        slot = &lr_slots_.back();
+      } else {
+        slot->value.fill_(value);
+        slot->written = value;
+      }
+    }
+    lr_ptr = static_cast<const double*>(slot->value.data_ptr());
+  }
   for (auto& s : caches_)
-    if (s.group == group && s.device == device && s.dtype == dtype) return s.cache;
+    if (s.group == group && s.device == device && s.dtype == dtype) return {s.cache, lr_ptr};
   caches_.push_back(CacheSlot{group, device, dtype, nullptr});
-  return caches_.back().cache;
+  return {caches_.back().cache, lr_ptr};
+}
+
+// ---- device lr, initial_lr, options by name (for the lr schedulers)
+
+void Optimizer::track_group_lr(size_t group) {
+  std::vector<Device> devices;
+  for (const Tensor& p : params(group))
+    if (p.is_cuda() && std::find(devices.begin(), devices.end(), p.device()) == devices.end())
+      devices.push_back(p.device());
+  NoGradGuard no_grad;
+  const double value = lr(group);
+  for (Device d : devices)
+    lr_slots_.push_back(LrSlot{group, d, tg::full({}, value, TensorOptions().dtype(kFloat64).device(d)), value});
+}
+
+void Optimizer::write_device_lr(size_t group) {
+  const double value = lr(group);
+  NoGradGuard no_grad;
+  for (auto& s : lr_slots_) {
+    if (s.group != group || s.written == value) continue;
+    // Captured, this fill would be replayed with today's value after every later set_lr.
+    TG_CHECK(!::tg::cuda::detail::stream_capturing(s.device.index()), name(), ".set_lr: called while ", s.device,
+             " is being captured into a CUDA graph (group ", group, ", lr ", value,
+             "); set the lr (scheduler.step()) outside the captured region");
+    s.value.fill_(value);  // a kernel with the value as its argument: no host sync
+    s.written = value;
+  }
+}
+
+double Optimizer::initial_lr(size_t group) const {
+  TG_CHECK(group < num_param_groups(), name(), ": parameter group ", group, " out of range (", num_param_groups(),
+           " groups)");
+  return group < initial_lrs_.size() ? initial_lrs_[group] : std::numeric_limits<double>::quiet_NaN();
+}
+
+void Optimizer::set_initial_lr(size_t group, double lr) {
+  TG_CHECK(group < num_param_groups(), name(), ": parameter group ", group, " out of range (", num_param_groups(),
+           " groups)");
+  if (initial_lrs_.size() < num_param_groups())
+    initial_lrs_.resize(num_param_groups(), std::numeric_limits<double>::quiet_NaN());
+  initial_lrs_[group] = lr;
+}
+
+bool Optimizer::group_option(size_t, std::string_view, std::vector<double>&) const { return false; }
+
+void Optimizer::set_group_option(size_t, std::string_view option, const std::vector<double>&) {
+  TG_ERROR(name(), ": no numeric option '", option, "'");
 }
 
 OptimizerStateDict Optimizer::state_dict() const {
@@ -202,6 +276,7 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
     throw;
   }
   state_ = std::move(fresh);
+  for (size_t g = 0; g < ngroups; ++g) write_device_lr(g);
   // The fused caches compare pointers, so they notice the new state tensors by themselves.
 }
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -59,6 +60,13 @@ struct FusedCache {
   virtual ~FusedCache() = default;
 };
 
+// What the fused CUDA step of one (group, device, dtype) bucket is handed: its cache slot and the
+// group's lr on that device (a float64 0-d device scalar the kernels read; null on the CPU).
+struct FusedStepTarget {
+  std::unique_ptr<FusedCache>& cache;
+  const double* lr = nullptr;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer();
@@ -77,8 +85,21 @@ class Optimizer {
   std::vector<Tensor> parameters() const;  // every group's, in order
   // The learning rate of a group, and setters for schedulers.
   virtual double lr(size_t group = 0) const = 0;
+  // On CUDA the new lr is also written to the group's device copy (an async fill on the current
+  // stream, no host sync), which the fused step kernels read: a captured tg::cuda::Graph step
+  // replays with the lr set last. Call it (scheduler.step()) outside the captured region.
   virtual void set_lr(size_t group, double lr) = 0;
   void set_lr(double lr);  // every group
+
+  // ---- for lr schedulers (optim/lr_scheduler.h)
+  // PyTorch's param_groups[g]["initial_lr"]: set by the first scheduler built on the optimizer
+  // (OneCycleLR overwrites it); NaN before. Not part of state_dict().
+  double initial_lr(size_t group) const;
+  void set_initial_lr(size_t group, double lr);
+  // A numeric option of a group by PyTorch's name ("momentum"; "betas" gives two values): false
+  // when the optimizer has no such option. set_group_option validates as the constructor does.
+  virtual bool group_option(size_t group, std::string_view name, std::vector<double>& out) const;
+  virtual void set_group_option(size_t group, std::string_view name, const std::vector<double>& v);
 
   // The state of one parameter (null before its first step).
   const ParamState* state(const Tensor& param) const;
@@ -98,13 +119,18 @@ class Optimizer {
   virtual void load_group_options(size_t group, const std::string& prefix, const OptimizerStateDict& in) = 0;
   // Validates a new group's parameters against every existing group.
   void check_new_params(const std::vector<Tensor>& params) const;
+  // Creates the device lr copies of a new group (one per CUDA device of its parameters), and
+  // writes a group's copies after its lr changed.
+  void track_group_lr(size_t group);
+  void write_device_lr(size_t group);
 
  public:
   // Internal, for the step code of the optimizers: the mutable state of a
-  // parameter (created empty on first use) and the fused-kernel cache slot of a
-  // (group, device, dtype) bucket.
+  // parameter (created empty on first use) and what the fused step of a (group, device, dtype)
+  // bucket gets: its cache slot and the group's device lr (refreshed here when the lr was changed
+  // through param_groups() rather than set_lr; a tg::Error while capturing).
   ParamState& state_of(const Tensor& param) { return state_[param.impl_ptr().get()]; }
-  std::unique_ptr<FusedCache>& fused_cache(size_t group, Device device, DType dtype);
+  FusedStepTarget fused_cache(size_t group, Device device, DType dtype);
 
  private:
   std::unordered_map<const TensorImpl*, ParamState> state_;
@@ -115,6 +141,14 @@ class Optimizer {
     std::unique_ptr<FusedCache> cache;
   };
   std::vector<CacheSlot> caches_;
+  struct LrSlot {
+    size_t group;
+    Device device;
+    Tensor value;    // float64 0-d on `device`
+    double written;  // the host value last written to it
+  };
+  std::vector<LrSlot> lr_slots_;
+  std::vector<double> initial_lrs_;
 };
 
 namespace detail {
@@ -145,6 +179,7 @@ class GroupedOptimizer : public Optimizer {
     if (group.options.lr != group.options.lr) group.options.lr = defaults_.lr;
     this->validate(group.options);
     groups_.push_back(std::move(group));
+    track_group_lr(groups_.size() - 1);
   }
   std::vector<Group>& param_groups() { return groups_; }
   const std::vector<Group>& param_groups() const { return groups_; }
@@ -153,8 +188,48 @@ class GroupedOptimizer : public Optimizer {
   size_t num_param_groups() const override { return groups_.size(); }
   const std::vector<Tensor>& params(size_t group) const override { return checked(group).params; }
   double lr(size_t group = 0) const override { return checked(group).options.lr; }
-  void set_lr(size_t group, double lr) override { checked(group).options.lr = lr; }
+  void set_lr(size_t group, double lr) override {
+    checked(group).options.lr = lr;
+    write_device_lr(group);
+  }
   using Optimizer::set_lr;
+
+  bool group_option(size_t group, std::string_view name, std::vector<double>& out) const override {
+    Options o = checked(group).options;
+    bool found = false;
+    o.visit([&](const char* n, auto& v) {
+      if (name != n) return;
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(v)>, double>) {
+        out = {v};
+        found = true;
+      } else if constexpr (std::is_same_v<std::remove_cvref_t<decltype(v)>, std::pair<double, double>>) {
+        out = {v.first, v.second};
+        found = true;
+      }
+    });
+    return found;
+  }
+  void set_group_option(size_t group, std::string_view name, const std::vector<double>& value) override {
+    Options o = checked(group).options;
+    bool found = false;
+    o.visit([&](const char* n, auto& v) {
+      if (name != n) return;
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(v)>, double>) {
+        TG_CHECK(value.size() == 1, name_str(), ": option '", n, "' takes one value, got ", value.size());
+        v = value[0];
+        found = true;
+      } else if constexpr (std::is_same_v<std::remove_cvref_t<decltype(v)>, std::pair<double, double>>) {
+        TG_CHECK(value.size() == 2, name_str(), ": option '", n, "' takes two values, got ", value.size());
+        v = {value[0], value[1]};
+        found = true;
+      }
+    });
+    TG_CHECK(found, name_str(), ": no numeric option '", name, "'");
+    validate(o);
+    const bool lr_changed = o.lr != checked(group).options.lr;
+    checked(group).options = o;
+    if (lr_changed) write_device_lr(group);
+  }
 
  protected:
   explicit GroupedOptimizer(Options defaults) : defaults_(defaults) {}

@@ -19,12 +19,15 @@ namespace tg::optim::cuda {
 // epilogue. shadows: empty, or one entry per parameter: undefined, or a contiguous float16 /
 // bfloat16 tensor (one dtype per bucket, float32 parameters only) that receives the
 // round-to-nearest-even cast of the updated parameter in the same pass (core/cast_copies.h).
-// A step skipped on the device (found_inf) leaves the shadows untouched too.
+// A step skipped on the device (found_inf) leaves the shadows untouched too. lr: the group's lr as
+// a float64 device scalar (Optimizer::fused_cache), which the kernels read in place of hyper.lr, so
+// a captured step follows set_lr; null: hyper.lr, a kernel argument.
 struct StepLists {
   std::vector<Tensor> params, grads;
   std::vector<std::vector<Tensor>> states;
   std::vector<Tensor> steps;
   std::vector<Tensor> shadows;
+  const double* lr = nullptr;
 };
 // One entry per rule (overloaded on its hyper-parameters), each an instance of fused_step.cuh.
 void fused_rule_step(std::unique_ptr<FusedCache>& cache, const char* op, const StepLists& lists,

@@ -3,8 +3,9 @@
 // its K state tensors with the optimizer's rule (optim/update_math.h). Each block computes its
 // parameter's step as the stored count plus one; the launch's last block advances the counts (a
 // step is a single launch, and a step skipped on found_inf advances nothing). Optionally the same
-// pass writes the parameters' low-precision copies (core/cast_copies.h). found_inf and grad_scale
-// are read on the device, so nothing here waits for the GPU.
+// pass writes the parameters' low-precision copies (core/cast_copies.h). found_inf, grad_scale and
+// the lr (StepLists::lr, overriding the Hyper's `lr`, which every rule has) are read on the device,
+// so nothing here waits for the GPU and a captured step uses the lr set before each replay.
 #pragma once
 #include <memory>
 #include <tuple>
@@ -28,9 +29,11 @@ struct StepFunctor {
   static constexpr unsigned kWriteMask = 1u | (((1u << K) - 1u) << 2);
 
   __device__ void operator()(const mt::TensorListMeta<kDepth>& meta, int64_t chunk_size, typename Rule::Hyper h,
-                             const float* grad_scale, const float* found_inf, unsigned int* done) const {
+                             const double* lr, const float* grad_scale, const float* found_inf,
+                             unsigned int* done) const {
     using M = mt::opmath_t<T>;
     if (found_inf != nullptr && *found_inf != 0.f) return;  // every block: no count advances
+    if (lr != nullptr) h.lr = *lr;
     const int tensor = meta.block_to_tensor[blockIdx.x];
     // This step's count: the stored one (advanced only after every block has read it) plus one.
     const float step = kCounted ? *static_cast<const float*>(meta.aux[tensor]) + 1.f : 1.f;
@@ -61,7 +64,7 @@ void run(std::unique_ptr<FusedCache>& cache, const char* op, const StepLists& l,
     e.aux = kCounted ? l.steps[i].data_ptr() : nullptr;
     e.numel = l.params[i].numel();
   }
-  launch_fused_step<kDepth, Shadow>(cache, l.params[0], op, std::move(entries), h, grad_scale, found_inf,
+  launch_fused_step<kDepth, Shadow>(cache, l.params[0], op, std::move(entries), h, l.lr, grad_scale, found_inf,
                                     [](auto tag) { return StepFunctor<decltype(tag), Rule, K, kCounted, Shadow>{}; });
 }
 

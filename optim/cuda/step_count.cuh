@@ -88,11 +88,12 @@ void dispatch_shadow(bool any, DType dtype, const char* op, F&& f) {
 // Launches one fused step over `entries` on the parameters' device and current stream:
 // the bucket's cached plan and done-counter, and the functor make(T{}) for the parameters'
 // CUDA type T (float when Shadow is a low-precision type: shadows need float32 parameters).
-// make's functor is called as f(meta, chunk, hyper, grad_scale, found_inf, done).
+// make's functor is called as f(meta, chunk, hyper, lr, grad_scale, found_inf, done) (lr: the device
+// lr overriding hyper.lr, or null).
 template <int kDepth, class Shadow, class Hyper, class Make>
 void launch_fused_step(std::unique_ptr<FusedCache>& cache, const Tensor& param0, const char* op,
-                       std::vector<mt::TensorListEntry<kDepth>> entries, const Hyper& h, const float* grad_scale,
-                       const float* found_inf, Make make) {
+                       std::vector<mt::TensorListEntry<kDepth>> entries, const Hyper& h, const double* lr,
+                       const float* grad_scale, const float* found_inf, Make make) {
   const Device device = param0.device();
   ::tg::cuda::detail::DeviceGuard guard(device.index());
   cudaStream_t stream = ::tg::cuda::detail::current_stream_handle(device.index());
@@ -100,9 +101,9 @@ void launch_fused_step(std::unique_ptr<FusedCache>& cache, const Tensor& param0,
   const auto& plan = c.plan<kDepth>(std::move(entries));
   unsigned int* done = c.done_ptr();
   if constexpr (!std::is_void_v<Shadow>) {
-    plan.launch(stream, make(float{}), h, grad_scale, found_inf, done);
+    plan.launch(stream, make(float{}), h, lr, grad_scale, found_inf, done);
   } else {
-    mt::dispatch_floating(param0.dtype(), op, [&](auto tag) { plan.launch(stream, make(tag), h, grad_scale, found_inf, done); });
+    mt::dispatch_floating(param0.dtype(), op, [&](auto tag) { plan.launch(stream, make(tag), h, lr, grad_scale, found_inf, done); });
   }
 }
 
