@@ -3,3 +3,5 @@
 #include <tapegrad/optim/adam.h>
 #include <tapegrad/optim/optimizer.h>
 #include <tapegrad/optim/sgd.h>
+#include <tapegrad/optim/rmsprop.h>
+#include <tapegrad/optim/adagrad.h>
