@@ -11,8 +11,7 @@ Adagrad::Adagrad(std::vector<Tensor> params, AdagradOptions options) : GroupedOp
   add_param_group({std::move(params), options});
   for (const Tensor& p : param_groups()[0].params) init_state(p, param_groups()[0].options.initial_accumulator_value);
 }
-Adagrad::Adagrad(std::vector<ParamGroup<AdagradOptions>> groups, AdagradOptions defaults)
-    : GroupedOptimizer(defaults) {
+Adagrad::Adagrad(std::vector<ParamGroup<AdagradOptions>> groups, AdagradOptions defaults) : GroupedOptimizer(defaults) {
   TG_CHECK(!groups.empty(), "Adagrad: optimizer got an empty list of parameter groups");
   for (auto& g : groups) add_param_group(std::move(g));
   for (const auto& g : param_groups())
@@ -29,8 +28,8 @@ void Adagrad::validate(const AdagradOptions& o) const {
   TG_CHECK(o.lr >= 0, "Adagrad: invalid learning rate: ", o.lr);
   TG_CHECK(o.lr_decay >= 0, "Adagrad: invalid lr_decay value: ", o.lr_decay);
   TG_CHECK(o.weight_decay >= 0, "Adagrad: invalid weight_decay value: ", o.weight_decay);
-  TG_CHECK(o.initial_accumulator_value >= 0, "Adagrad: invalid initial_accumulator_value value: ",
-           o.initial_accumulator_value);
+  TG_CHECK(o.initial_accumulator_value >= 0,
+           "Adagrad: invalid initial_accumulator_value value: ", o.initial_accumulator_value);
   TG_CHECK(o.eps >= 0, "Adagrad: invalid epsilon value: ", o.eps);
 }
 
@@ -38,7 +37,8 @@ void Adagrad::step(const StepArgs& args) {
   const char* op = "Adagrad.step";
   detail::check_step_args(op, args);
   // A CPU found_inf is read here; a CUDA one by the kernels.
-  if (args.found_inf.defined() && args.found_inf.is_cpu() && *static_cast<const float*>(args.found_inf.data_ptr()) != 0.f)
+  if (args.found_inf.defined() && args.found_inf.is_cpu() &&
+      *static_cast<const float*>(args.found_inf.data_ptr()) != 0.f)
     return;
   for (size_t gi = 0; gi < param_groups().size(); ++gi) {
     const auto& group = param_groups()[gi];

@@ -11,8 +11,7 @@ namespace tg::optim {
 RMSprop::RMSprop(std::vector<Tensor> params, RMSpropOptions options) : GroupedOptimizer(options) {
   add_param_group({std::move(params), options});
 }
-RMSprop::RMSprop(std::vector<ParamGroup<RMSpropOptions>> groups, RMSpropOptions defaults)
-    : GroupedOptimizer(defaults) {
+RMSprop::RMSprop(std::vector<ParamGroup<RMSpropOptions>> groups, RMSpropOptions defaults) : GroupedOptimizer(defaults) {
   TG_CHECK(!groups.empty(), "RMSprop: optimizer got an empty list of parameter groups");
   for (auto& g : groups) add_param_group(std::move(g));
 }
@@ -29,7 +28,8 @@ void RMSprop::step(const StepArgs& args) {
   const char* op = "RMSprop.step";
   detail::check_step_args(op, args);
   // A CPU found_inf is read here, before any state is created; a CUDA one by the kernels.
-  if (args.found_inf.defined() && args.found_inf.is_cpu() && *static_cast<const float*>(args.found_inf.data_ptr()) != 0.f)
+  if (args.found_inf.defined() && args.found_inf.is_cpu() &&
+      *static_cast<const float*>(args.found_inf.data_ptr()) != 0.f)
     return;
   for (size_t gi = 0; gi < param_groups().size(); ++gi) {
     const auto& group = param_groups()[gi];

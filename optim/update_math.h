@@ -194,10 +194,14 @@ struct RmspropCoeffs {
 
 template <class M>
 TG_HOST_DEVICE inline RmspropCoeffs<M> rmsprop_coeffs(const RmspropHyper& h, float /*step*/) {
-  return RmspropCoeffs<M>{static_cast<M>(-h.lr),          static_cast<M>(h.alpha),
-                          static_cast<M>(1.0 - h.alpha),  static_cast<M>(h.eps),
-                          static_cast<M>(h.weight_decay), static_cast<M>(h.momentum),
-                          h.centered,                     h.momentum > 0,
+  return RmspropCoeffs<M>{static_cast<M>(-h.lr),
+                          static_cast<M>(h.alpha),
+                          static_cast<M>(1.0 - h.alpha),
+                          static_cast<M>(h.eps),
+                          static_cast<M>(h.weight_decay),
+                          static_cast<M>(h.momentum),
+                          h.centered,
+                          h.momentum > 0,
                           h.maximize};
 }
 

@@ -209,7 +209,8 @@ TEST(Adagrad, StateDictRoundTripContinuesCuda) {
 void check_amp(Device dev) {
   using Ps = std::vector<Tensor>;
   const optim::AdagradOptions o{.lr = 5e-2, .lr_decay = 0.1, .weight_decay = 0.1, .initial_accumulator_value = 0.1};
-  check_amp_step_args(dev, [&](const Ps& ps) { return std::make_unique<optim::Adagrad>(ps, o); }, describe(o));
+  check_amp_step_args(
+      dev, [&](const Ps& ps) { return std::make_unique<optim::Adagrad>(ps, o); }, describe(o));
 }
 
 TEST(Adagrad, FoundInfSkipsAndGradScaleDividesCpu) { check_amp(Device(kCPU)); }

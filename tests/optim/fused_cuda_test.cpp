@@ -237,9 +237,9 @@ TEST(FusedCuda, AdagradEqualsCpu) {
   if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
   using O = optim::AdagradOptions;
   compare_cuda_cpu<optim::Adagrad>(O{}, kFloat32, 2e-6);
-  compare_cuda_cpu<optim::Adagrad>(O{.lr = 5e-2, .lr_decay = 0.1, .weight_decay = 0.1, .initial_accumulator_value = 0.1,
-                                     .maximize = true},
-                                   kFloat32, 2e-6);
+  compare_cuda_cpu<optim::Adagrad>(
+      O{.lr = 5e-2, .lr_decay = 0.1, .weight_decay = 0.1, .initial_accumulator_value = 0.1, .maximize = true}, kFloat32,
+      2e-6);
   compare_cuda_cpu<optim::Adagrad>(O{.lr = 5e-2, .lr_decay = 0.1, .initial_accumulator_value = 0.1, .eps = 1e-3},
                                    kFloat16, 2e-3);
   compare_cuda_cpu<optim::Adagrad>(O{.lr = 5e-2, .lr_decay = 0.1}, kBFloat16, 1e-2);
@@ -249,8 +249,9 @@ TEST(FusedCuda, AdagradEqualsCpu) {
 TEST(FusedCuda, RmspropAdagradStepsSkippedOnFoundInfMatchReference) {
   if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
   using Ps = std::vector<Tensor>;
-  const std::vector<optim::RMSpropOptions> rms{
-      {.lr = 1e-2}, {.lr = 1e-2, .weight_decay = 0.1, .momentum = 0.9, .centered = true}, {.lr = 1e-2, .momentum = 0.5}};
+  const std::vector<optim::RMSpropOptions> rms{{.lr = 1e-2},
+                                               {.lr = 1e-2, .weight_decay = 0.1, .momentum = 0.9, .centered = true},
+                                               {.lr = 1e-2, .momentum = 0.5}};
   for (const optim::RMSpropOptions& o : rms)
     check_skipped_steps([&](const Ps& ps) { return std::make_unique<optim::RMSprop>(ps, o); },
                         [&] { return std::make_unique<RefRmsprop>(o); },

@@ -187,9 +187,10 @@ TEST(RMSprop, StateDictRoundTripContinuesCuda) {
 void check_amp(Device dev) {
   using Ps = std::vector<Tensor>;
   for (const optim::RMSpropOptions& o :
-       {optim::RMSpropOptions{.lr = 1e-2}, optim::RMSpropOptions{.lr = 1e-2, .weight_decay = 0.1, .momentum = 0.9,
-                                                                  .centered = true}}) {
-    check_amp_step_args(dev, [&](const Ps& ps) { return std::make_unique<optim::RMSprop>(ps, o); }, describe(o));
+       {optim::RMSpropOptions{.lr = 1e-2},
+        optim::RMSpropOptions{.lr = 1e-2, .weight_decay = 0.1, .momentum = 0.9, .centered = true}}) {
+    check_amp_step_args(
+        dev, [&](const Ps& ps) { return std::make_unique<optim::RMSprop>(ps, o); }, describe(o));
   }
 }
 
