@@ -151,6 +151,34 @@ TEST(Adagrad, LrDecayCountsPerParameter) {
   EXPECT_EQ(opt.state(b)->at("step").item<float>(), 1.f);
 }
 
+// A loaded dict without a parameter's state starts it afresh (as at construction); one with only
+// half of it ("step" without "sum") is an error naming what is missing.
+TEST(Adagrad, LoadedStateWithoutEntries) {
+  auto p = tg::zeros({2}).requires_grad_();
+  optim::Adagrad opt({p}, {.lr = 0.5, .initial_accumulator_value = 5.0});
+  p.mutable_grad() = tg::full({2}, 2.0);
+  opt.step();
+  auto sd = opt.state_dict();
+  sd.erase("state.0.sum");
+  sd.erase("state.0.step");
+  opt.load_state_dict(sd);
+  EXPECT_EQ(opt.state(p), nullptr);
+  const Vec before = host(p);
+  opt.step();  // sum = 5 + 4, step 1: p -= 0.5 * 2 / 3
+  EXPECT_EQ(opt.state(p)->at("step").item<float>(), 1.f);
+  expect_close(host(opt.state(p)->at("sum")), Vec(2, 9.0), 1e-6, 0, "sum");
+  expect_close(host(p), {before[0] - 1.0 / 3, before[1] - 1.0 / 3}, 1e-6, 1e-6, "p");
+  sd = opt.state_dict();
+  sd.erase("state.0.sum");
+  opt.load_state_dict(sd);
+  try {
+    opt.step();
+    ADD_FAILURE() << "a state without sum was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lacks sum"), std::string::npos) << e.what();
+  }
+}
+
 void check_groups(Device dev) {
   SCOPED_TRACE(dev.str());
   auto ps = make_params(dev, kFloat32, 5);

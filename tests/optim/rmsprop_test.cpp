@@ -125,6 +125,45 @@ TEST(RMSprop, StateNames) {
   }
 }
 
+// Momentum or centering switched on in a group after some steps: the new buffers start at zero
+// (PyTorch's step would fail on the missing state); a loaded state without "step" is an error.
+TEST(RMSprop, OptionsSwitchedOnLaterAndIncompleteState) {
+  auto ps = make_params(Device(kCPU), kFloat32, 4);
+  const optim::RMSpropOptions plain{.lr = 1e-2};
+  optim::RMSprop opt(ps, plain);
+  std::vector<Vec> ref_p;
+  std::vector<RefRmsprop> refs;
+  for (const auto& p : ps) {
+    ref_p.push_back(host(p));
+    refs.emplace_back(plain);
+  }
+  for (int k = 0; k < 5; ++k) {
+    if (k == 2) {
+      opt.param_groups()[0].options.momentum = 0.9;
+      opt.param_groups()[0].options.centered = true;
+      for (auto& r : refs) {
+        r.momentum = 0.9;
+        r.centered = true;
+      }
+    }
+    auto grads = make_grads(k, 4);
+    set_grads(ps, grads);
+    opt.step();
+    for (size_t i = 0; i < ps.size(); ++i) refs[i].step(ref_p[i], host(grads[i]));
+  }
+  for (size_t i = 0; i < ps.size(); ++i) expect_close(host(ps[i]), ref_p[i], 2e-5, 1e-5, "param " + std::to_string(i));
+  EXPECT_EQ(opt.state(ps[0])->at("step").item<float>(), 5.f);
+  auto sd = opt.state_dict();
+  sd.erase("state.1.step");
+  opt.load_state_dict(sd);
+  try {
+    opt.step();
+    ADD_FAILURE() << "a state without step was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lacks step"), std::string::npos) << e.what();
+  }
+}
+
 // Two groups with different options, and a parameter that has no gradient (skipped: unchanged,
 // no state) until the last steps; each parameter follows its own reference.
 void check_groups(Device dev) {
