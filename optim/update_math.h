@@ -174,4 +174,134 @@ struct AdamRule {  // and AdamW (AdamHyper::decoupled)
   }
 };
 
+// ---- RMSprop and Adagrad (torch.optim.RMSprop / Adagrad, single-tensor path)
+
+struct RmspropHyper {
+  double lr = 0;
+  double alpha = 0;
+  double eps = 0;
+  double weight_decay = 0;
+  double momentum = 0;
+  bool centered = false;
+  bool maximize = false;
+};
+
+template <class M>
+struct RmspropCoeffs {
+  M neg_lr, alpha, one_minus_alpha, eps, weight_decay, momentum;
+  bool centered, use_momentum, maximize;
+};
+
+template <class M>
+TG_HOST_DEVICE inline RmspropCoeffs<M> rmsprop_coeffs(const RmspropHyper& h, float /*step*/) {
+  return RmspropCoeffs<M>{static_cast<M>(-h.lr),
+                          static_cast<M>(h.alpha),
+                          static_cast<M>(1.0 - h.alpha),
+                          static_cast<M>(h.eps),
+                          static_cast<M>(h.weight_decay),
+                          static_cast<M>(h.momentum),
+                          h.centered,
+                          h.momentum > 0,
+                          h.maximize};
+}
+
+// g: the gradient already divided by grad_scale. grad_avg is used only when centered, buf only
+// with momentum.
+template <class M>
+TG_HOST_DEVICE inline void rmsprop_update(M& p, M g, M& square_avg, M& grad_avg, M& buf, const RmspropCoeffs<M>& c) {
+  if (c.maximize) g = -g;
+  if (c.weight_decay != M(0)) g = g + c.weight_decay * p;
+  square_avg = c.alpha * square_avg + c.one_minus_alpha * g * g;  // mul_(alpha).addcmul_(g, g, 1 - alpha)
+  M avg;
+  if (c.centered) {
+    grad_avg = grad_avg + c.one_minus_alpha * (g - grad_avg);  // grad_avg.lerp_(grad, 1 - alpha)
+    avg = opmath_sqrt(square_avg - grad_avg * grad_avg);
+  } else {
+    avg = opmath_sqrt(square_avg);
+  }
+  avg = avg + c.eps;
+  if (c.use_momentum) {
+    buf = c.momentum * buf + g / avg;  // buf.mul_(momentum).addcdiv_(grad, avg)
+    p = p + c.neg_lr * buf;
+  } else {
+    p = p + c.neg_lr * (g / avg);
+  }
+}
+
+struct AdagradHyper {
+  double lr = 0;
+  double lr_decay = 0;
+  double weight_decay = 0;
+  double eps = 0;
+  bool maximize = false;
+};
+
+template <class M>
+struct AdagradCoeffs {
+  M neg_clr, weight_decay, eps;
+  bool maximize;
+};
+
+template <class M>
+TG_HOST_DEVICE inline AdagradCoeffs<M> adagrad_coeffs(const AdagradHyper& h, float step) {
+  const double clr = h.lr / (1.0 + (static_cast<double>(step) - 1.0) * h.lr_decay);
+  return AdagradCoeffs<M>{static_cast<M>(-clr), static_cast<M>(h.weight_decay), static_cast<M>(h.eps), h.maximize};
+}
+
+// g: the gradient already divided by grad_scale.
+template <class M>
+TG_HOST_DEVICE inline void adagrad_update(M& p, M g, M& sum, const AdagradCoeffs<M>& c) {
+  if (c.maximize) g = -g;
+  if (c.weight_decay != M(0)) g = g + c.weight_decay * p;
+  sum = sum + g * g;  // state_sum.addcmul_(grad, grad, value=1)
+  const M denom = opmath_sqrt(sum) + c.eps;
+  p = p + c.neg_clr * (g / denom);  // param.addcdiv_(grad, std, value=-clr)
+}
+
+struct RmspropRule {
+  using Hyper = RmspropHyper;
+  template <class M>
+  using Coeffs = RmspropCoeffs<M>;
+  static constexpr int64_t kCpuGrain = 1 << 14;
+  // square_avg, then grad_avg (centered), then momentum_buffer (momentum > 0); always counted.
+  using Variants = std::tuple<StepVariant<1, true>, StepVariant<2, true>, StepVariant<3, true>>;
+  template <class M>
+  TG_HOST_DEVICE static Coeffs<M> coeffs(const Hyper& h, float step) {
+    return rmsprop_coeffs<M>(h, step);
+  }
+  template <int K, class M>
+  TG_HOST_DEVICE static void update(M& p, M g, M* state, const Coeffs<M>& c) {
+    if constexpr (K == 3) {
+      rmsprop_update(p, g, state[0], state[1], state[2], c);
+    } else if constexpr (K == 2) {
+      M unused = 0;
+      if (c.centered)
+        rmsprop_update(p, g, state[0], state[1], unused, c);
+      else
+        rmsprop_update(p, g, state[0], unused, state[1], c);
+    } else {
+      M unused[2] = {0, 0};
+      rmsprop_update(p, g, state[0], unused[0], unused[1], c);
+    }
+  }
+};
+
+struct AdagradRule {
+  using Hyper = AdagradHyper;
+  template <class M>
+  using Coeffs = AdagradCoeffs<M>;
+  static constexpr int64_t kCpuGrain = 1 << 14;
+  // sum; counted (the step decays lr).
+  using Variants = std::tuple<StepVariant<1, true>>;
+  template <class M>
+  TG_HOST_DEVICE static Coeffs<M> coeffs(const Hyper& h, float step) {
+    return adagrad_coeffs<M>(h, step);
+  }
+  template <int K, class M>
+  TG_HOST_DEVICE static void update(M& p, M g, M* state, const Coeffs<M>& c) {
+    static_assert(K == 1);
+    adagrad_update(p, g, state[0], c);
+  }
+};
+
 }  // namespace tg::optim::detail

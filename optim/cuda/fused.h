@@ -34,5 +34,9 @@ void fused_rule_step(std::unique_ptr<FusedCache>& cache, const char* op, const S
                      const detail::SgdHyper& hyper, const float* grad_scale, const float* found_inf);
 void fused_rule_step(std::unique_ptr<FusedCache>& cache, const char* op, const StepLists& lists,
                      const detail::AdamHyper& hyper, const float* grad_scale, const float* found_inf);
+void fused_rule_step(std::unique_ptr<FusedCache>& cache, const char* op, const StepLists& lists,
+                     const detail::RmspropHyper& hyper, const float* grad_scale, const float* found_inf);
+void fused_rule_step(std::unique_ptr<FusedCache>& cache, const char* op, const StepLists& lists,
+                     const detail::AdagradHyper& hyper, const float* grad_scale, const float* found_inf);
 
 }  // namespace tg::optim::cuda

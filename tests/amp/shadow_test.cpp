@@ -53,6 +53,12 @@ std::vector<std::pair<std::string, MakeOpt>> optimizers() {
        [](const Ps& ps) {
          return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions{.lr = 1e-3, .amsgrad = true});
        }},
+      {"RMSprop centered momentum",
+       [](const Ps& ps) {
+         return std::make_unique<optim::RMSprop>(
+             ps, optim::RMSpropOptions{.lr = 1e-3, .momentum = 0.9, .centered = true});
+       }},
+      {"Adagrad", [](const Ps& ps) { return std::make_unique<optim::Adagrad>(ps, optim::AdagradOptions{.lr = 1e-2}); }},
   };
 }
 

@@ -217,5 +217,64 @@ TEST(FusedCuda, EmptyParametersCountSteps) {
   EXPECT_EQ(sgd.state(e2)->at("step").item<float>(), 1.f);
 }
 
+// ---- RMSprop and Adagrad: the same fused step with their rules.
+
+TEST(FusedCuda, RmspropEqualsCpu) {
+  if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
+  using O = optim::RMSpropOptions;
+  compare_cuda_cpu<optim::RMSprop>(O{.lr = 1e-2}, kFloat32, 2e-6);
+  compare_cuda_cpu<optim::RMSprop>(O{.lr = 1e-2, .weight_decay = 0.1, .momentum = 0.9, .centered = true}, kFloat32,
+                                   2e-6);
+  compare_cuda_cpu<optim::RMSprop>(O{.lr = 1e-2, .momentum = 0.5, .maximize = true}, kFloat32, 2e-6);
+  compare_cuda_cpu<optim::RMSprop>(O{.lr = 1e-2, .centered = true}, kFloat32, 2e-6);
+  compare_cuda_cpu<optim::RMSprop>(O{.lr = 1e-2, .eps = 1e-3, .momentum = 0.9, .centered = true}, kFloat16, 2e-3);
+  compare_cuda_cpu<optim::RMSprop>(O{.lr = 1e-2, .momentum = 0.9, .centered = true}, kBFloat16, 1e-2);
+  compare_cuda_cpu<optim::RMSprop>(O{.lr = 1e-2, .weight_decay = 0.1, .momentum = 0.9, .centered = true}, kFloat64,
+                                   1e-12);
+}
+
+TEST(FusedCuda, AdagradEqualsCpu) {
+  if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
+  using O = optim::AdagradOptions;
+  compare_cuda_cpu<optim::Adagrad>(O{}, kFloat32, 2e-6);
+  compare_cuda_cpu<optim::Adagrad>(
+      O{.lr = 5e-2, .lr_decay = 0.1, .weight_decay = 0.1, .initial_accumulator_value = 0.1, .maximize = true}, kFloat32,
+      2e-6);
+  compare_cuda_cpu<optim::Adagrad>(O{.lr = 5e-2, .lr_decay = 0.1, .initial_accumulator_value = 0.1, .eps = 1e-3},
+                                   kFloat16, 2e-3);
+  compare_cuda_cpu<optim::Adagrad>(O{.lr = 5e-2, .lr_decay = 0.1}, kBFloat16, 1e-2);
+  compare_cuda_cpu<optim::Adagrad>(O{.lr = 5e-2, .lr_decay = 0.1, .weight_decay = 0.1}, kFloat64, 1e-12);
+}
+
+TEST(FusedCuda, RmspropAdagradStepsSkippedOnFoundInfMatchReference) {
+  if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
+  using Ps = std::vector<Tensor>;
+  const std::vector<optim::RMSpropOptions> rms{{.lr = 1e-2},
+                                               {.lr = 1e-2, .weight_decay = 0.1, .momentum = 0.9, .centered = true},
+                                               {.lr = 1e-2, .momentum = 0.5}};
+  for (const optim::RMSpropOptions& o : rms)
+    check_skipped_steps([&](const Ps& ps) { return std::make_unique<optim::RMSprop>(ps, o); },
+                        [&] { return std::make_unique<RefRmsprop>(o); },
+                        "RMSprop momentum=" + std::to_string(o.momentum) + " centered=" + std::to_string(o.centered));
+  const optim::AdagradOptions a{.lr = 5e-2, .lr_decay = 0.1, .weight_decay = 0.05, .initial_accumulator_value = 0.1};
+  check_skipped_steps([&](const Ps& ps) { return std::make_unique<optim::Adagrad>(ps, a); },
+                      [&] { return std::make_unique<RefAdagrad>(a); }, "Adagrad");
+}
+
+TEST(FusedCuda, RmspropAdagradEmptyParametersCountSteps) {
+  if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
+  auto e = tg::zeros({0}, Device(kCUDA)).requires_grad_();
+  optim::RMSprop rms({e}, {.momentum = 0.9, .centered = true});
+  e.mutable_grad() = tg::zeros({0}, Device(kCUDA));
+  rms.step();
+  rms.step();
+  EXPECT_EQ(rms.state(e)->at("step").item<float>(), 2.f);
+  auto e2 = tg::zeros({0}, Device(kCUDA)).requires_grad_();
+  optim::Adagrad ada({e2});
+  e2.mutable_grad() = tg::zeros({0}, Device(kCUDA));
+  ada.step();
+  EXPECT_EQ(ada.state(e2)->at("step").item<float>(), 1.f);
+}
+
 }  // namespace
 }  // namespace tg::testing

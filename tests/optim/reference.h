@@ -88,6 +88,62 @@ struct RefAdam final : RefOptimizer {
   }
 };
 
+// ---- RMSprop and Adagrad: torch/optim/rmsprop.py and adagrad.py's single-tensor paths, in float64.
+
+struct RefRmsprop final : RefOptimizer {
+  double lr, alpha, eps, wd, momentum;
+  bool centered, maximize;
+  Vec square_avg, grad_avg, buf;
+  explicit RefRmsprop(const optim::RMSpropOptions& o)
+      : lr(o.lr), alpha(o.alpha), eps(o.eps), wd(o.weight_decay), momentum(o.momentum), centered(o.centered),
+        maximize(o.maximize) {}
+  void step(Vec& p, const Vec& grad) override {
+    const size_t n = p.size();
+    if (square_avg.empty()) square_avg = grad_avg = buf = Vec(n, 0.0);
+    for (size_t i = 0; i < n; ++i) {
+      double g = maximize ? -grad[i] : grad[i];
+      if (wd != 0) g += wd * p[i];
+      square_avg[i] = alpha * square_avg[i] + (1 - alpha) * g * g;
+      double avg;
+      if (centered) {
+        grad_avg[i] = alpha * grad_avg[i] + (1 - alpha) * g;
+        avg = std::sqrt(square_avg[i] - grad_avg[i] * grad_avg[i]);
+      } else {
+        avg = std::sqrt(square_avg[i]);
+      }
+      avg += eps;
+      if (momentum > 0) {
+        buf[i] = momentum * buf[i] + g / avg;
+        p[i] -= lr * buf[i];
+      } else {
+        p[i] -= lr * g / avg;
+      }
+    }
+  }
+};
+
+struct RefAdagrad final : RefOptimizer {
+  double lr, lr_decay, wd, init, eps;
+  bool maximize;
+  Vec sum;
+  int t = 0;
+  explicit RefAdagrad(const optim::AdagradOptions& o)
+      : lr(o.lr), lr_decay(o.lr_decay), wd(o.weight_decay), init(o.initial_accumulator_value), eps(o.eps),
+        maximize(o.maximize) {}
+  void step(Vec& p, const Vec& grad) override {
+    const size_t n = p.size();
+    if (sum.empty()) sum = Vec(n, init);
+    ++t;
+    const double clr = lr / (1 + (t - 1) * lr_decay);
+    for (size_t i = 0; i < n; ++i) {
+      double g = maximize ? -grad[i] : grad[i];
+      if (wd != 0) g += wd * p[i];
+      sum[i] += g * g;
+      p[i] -= clr * g / (std::sqrt(sum[i]) + eps);
+    }
+  }
+};
+
 // Shapes of the test parameters: tiny, odd-sized, and one spanning two CUDA chunks.
 inline std::vector<Shape> test_shapes() { return {{3, 5}, {7}, {257, 300}}; }
 
@@ -148,6 +204,86 @@ inline std::vector<unsigned char> bytes_of(const Tensor& t) {
   std::vector<unsigned char> out(c.nbytes());
   c.copy_to_host(out.data());
   return out;
+}
+
+// ---- Shared checks of any optimizer (used by the RMSprop and Adagrad tests).
+
+using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(const std::vector<Tensor>&)>;
+
+// Parameters, state and step counts of an optimizer, as bytes.
+inline std::vector<std::vector<unsigned char>> snapshot_bytes(const optim::Optimizer& opt) {
+  std::vector<std::vector<unsigned char>> out;
+  for (const auto& kv : opt.state_dict()) out.push_back(bytes_of(kv.second));
+  for (const auto& p : opt.parameters()) out.push_back(bytes_of(p));
+  return out;
+}
+
+// AMP inputs on `dev`: a skipped step (found_inf set, garbage gradients) changes nothing bit for
+// bit, also as the very first step; gradients scaled by 1024 with grad_scale = 1024 give the
+// unscaled twin's result bit for bit. Every "step" count ends at 3.
+inline void check_amp_step_args(Device dev, const MakeOptimizer& make_opt, const std::string& what) {
+  SCOPED_TRACE(what + " on " + dev.str());
+  auto params = make_params(dev, kFloat32, 3);
+  auto twins = make_params(dev, kFloat32, 3);
+  auto opt = make_opt(params), twin = make_opt(twins);
+  const auto opts = TensorOptions().device(dev);
+  Tensor no_inf = tg::zeros({}, opts), inf = tg::ones({}, opts), scale = tg::full({}, 1024.0, opts);
+  // A skipped first step (on CUDA it may create zero state first) leaves the parameters and counts.
+  set_grads(params, make_grads(0, 5));
+  std::vector<std::vector<unsigned char>> initial;
+  for (const auto& p : params) initial.push_back(bytes_of(p));
+  opt->step({.grad_scale = scale, .found_inf = inf});
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(bytes_of(params[i]), initial[i]) << "a skipped first step changed parameter " << i;
+    if (const optim::ParamState* st = opt->state(params[i])) EXPECT_EQ(st->at("step").item<float>(), 0.f);
+  }
+  for (int k = 0; k < 3; ++k) {
+    auto grads = make_grads(k, 5);
+    std::vector<Tensor> scaled, garbage;
+    for (auto& g : grads) {
+      scaled.push_back(g * 1024.0);  // exact: a power of two
+      garbage.push_back(g * 1e30);
+    }
+    set_grads(twins, grads);
+    twin->step();
+    set_grads(params, scaled);
+    opt->step({.grad_scale = scale, .found_inf = no_inf});
+    const auto before = snapshot_bytes(*opt);
+    set_grads(params, garbage);
+    opt->step({.grad_scale = scale, .found_inf = inf});
+    EXPECT_EQ(snapshot_bytes(*opt), before) << "a skipped step changed something (step " << k << ")";
+  }
+  EXPECT_EQ(snapshot_bytes(*opt), snapshot_bytes(*twin));
+  for (const auto& p : params) EXPECT_EQ(opt->state(p)->at("step").item<float>(), 3.f);
+}
+
+// state_dict / load_state_dict: an optimizer loaded (from CPU copies) after 3 of 6 steps, over
+// copies of the parameters, ends bit-identical to the uninterrupted one. `make_other` builds the
+// fresh optimizer, with other options: the loaded ones must win.
+inline void check_state_dict_continues(Device dev, const MakeOptimizer& make_opt, const MakeOptimizer& make_other,
+                                       const std::string& what) {
+  SCOPED_TRACE(what + " on " + dev.str());
+  auto params = make_params(dev, kFloat32, 21);
+  auto opt = make_opt(params);
+  for (int k = 0; k < 3; ++k) {
+    set_grads(params, make_grads(k, 2));
+    opt->step();
+  }
+  optim::OptimizerStateDict saved;
+  for (const auto& [k, v] : opt->state_dict()) saved[k] = v.cpu().clone();
+  std::vector<Tensor> copies;
+  for (auto& p : params) copies.push_back(p.detach().clone().requires_grad_());
+  auto other = make_other(copies);
+  other->load_state_dict(saved);
+  EXPECT_EQ(other->lr(), opt->lr());
+  for (int k = 3; k < 6; ++k) {
+    set_grads(params, make_grads(k, 2));
+    set_grads(copies, make_grads(k, 2));
+    opt->step();
+    other->step();
+  }
+  EXPECT_EQ(snapshot_bytes(*opt), snapshot_bytes(*other));
+  EXPECT_EQ(opt->state_dict().size(), other->state_dict().size());
 }
 
 }  // namespace tg::testing
