@@ -14,3 +14,5 @@
 #include <tapegrad/nn/embedding.h>
 #include <tapegrad/nn/module_list.h>
 #include <tapegrad/nn/normalization.h>
+// ---- issue 16: whole training state in one checkpoint
+#include <tapegrad/nn/checkpoint.h>
