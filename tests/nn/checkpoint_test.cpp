@@ -288,8 +288,10 @@ int run_self(const std::vector<std::string>& args, const std::vector<std::string
   std::vector<char*> argv;
   for (auto& s : argv_s) argv.push_back(s.data());
   argv.push_back(nullptr);
+  // The parent's environment less gtest's (sharding or an XML output would apply to the child too).
   std::vector<std::string> env_s(extra_env);
-  for (char** e = environ; *e != nullptr; ++e) env_s.emplace_back(*e);
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::strncmp(*e, "GTEST_", 6) != 0) env_s.emplace_back(*e);
   std::vector<char*> envp;
   for (auto& s : env_s) envp.push_back(s.data());
   envp.push_back(nullptr);
@@ -320,6 +322,7 @@ TEST(Checkpoint, ResumesInANewProcess) {
   ASSERT_EQ(run_self({"--gtest_filter=CheckpointChild.ResumeFromEnvironment"},
                      {std::string(kResumeEnv) + "=" + ck, std::string(kOutEnv) + "=" + out}),
             0);
+  ASSERT_TRUE(fs::exists(out)) << "the child wrote nothing";
   Checkpoint result = load_checkpoint(out);
   std::map<std::string, Bytes> resumed = snapshot(result.at("model"), "model.");
   auto o = snapshot(result.at("optimizer"), "optimizer.");
