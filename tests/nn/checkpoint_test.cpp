@@ -608,6 +608,25 @@ TEST(RngState, EncodesSeedAndOffset) {
   EXPECT_EQ(bytes_of(tg::rand({3})), bytes_of(after));
 }
 
+TEST(RngState, CudaGeneratorReplaysCuda) {
+  if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
+  const Device dev(kCUDA, 0);
+  tg::manual_seed(77);
+  (void)tg::rand({10}, dev);  // 10 counters -> 12
+  Tensor s = get_rng_state(dev);
+  std::vector<uint8_t> b = s.to_vector<uint8_t>();
+  EXPECT_EQ(b[0], 77);
+  EXPECT_EQ(b[8], 12);
+  const Bytes cpu_before = bytes_of(get_rng_state());
+  Tensor r = tg::rand({33}, dev);
+  Tensor m = nn::functional::dropout(tg::ones({100}, dev), 0.5, true);
+  set_rng_state(s, dev);
+  EXPECT_EQ(bytes_of(tg::rand({33}, dev)), bytes_of(r));
+  EXPECT_EQ(bytes_of(nn::functional::dropout(tg::ones({100}, dev), 0.5, true)), bytes_of(m));
+  EXPECT_EQ(bytes_of(get_rng_state()), cpu_before);  // the CPU generator is its own
+  EXPECT_EQ(bytes_of(get_rng_state(Device(kCUDA))), bytes_of(get_rng_state(dev)));  // current device
+}
+
 TEST(RngState, BadStatesAreRefused) {
   tg::manual_seed(11);
   const Bytes before = bytes_of(get_rng_state());
