@@ -94,8 +94,8 @@ Checkpoint load_checkpoint(const std::string& path, std::optional<Device> device
   for (const auto& [key, t] : flat) {
     const size_t dot = key.find('.');
     if (dot == std::string::npos) {
-      TG_CHECK(std::find(value_names.begin(), value_names.end(), key) != value_names.end(), "load_checkpoint('",
-               path, "'): tensor '", key, "' is not a value the __metadata__ lists");
+      TG_CHECK(std::find(value_names.begin(), value_names.end(), key) != value_names.end(), "load_checkpoint('", path,
+               "'): tensor '", key, "' is not a value the __metadata__ lists");
       ck.values_.insert(key, t);
       continue;
     }

@@ -36,7 +36,9 @@ concept HasStateDict = requires(const T& t) {
   { t.state_dict() } -> std::convertible_to<StateDict>;
 };
 template <class T>
-concept LoadsStateDict = requires(T& t, const StateDict& sd) { t.load_state_dict(sd); };
+concept LoadsStateDict = requires(T& t, const StateDict& sd) {
+  t.load_state_dict(sd);
+};
 
 // One named entry of save_checkpoint: a part (a StateDict, or the state_dict() of
 // an object, taken when the entry is made) or a value (a number, stored as a 0-d
@@ -46,12 +48,12 @@ class CheckpointEntry {
  public:
   CheckpointEntry(std::string name, StateDict part) : name_(std::move(name)), part_(std::move(part)), is_part_(true) {}
   template <HasStateDict T>
-  requires(!std::same_as<std::remove_cvref_t<T>, StateDict>)
-  CheckpointEntry(std::string name, const T& object) : CheckpointEntry(std::move(name), StateDict(object.state_dict())) {}
+  requires(!std::same_as<std::remove_cvref_t<T>, StateDict>) CheckpointEntry(std::string name, const T& object)
+      : CheckpointEntry(std::move(name), StateDict(object.state_dict())) {}
   CheckpointEntry(std::string name, Tensor value) : name_(std::move(name)), value_(std::move(value)) {}
   template <class N>
-  requires std::is_arithmetic_v<N>
-  CheckpointEntry(std::string name, N value) : CheckpointEntry(std::move(name), number(value)) {}
+  requires std::is_arithmetic_v<N> CheckpointEntry(std::string name, N value)
+      : CheckpointEntry(std::move(name), number(value)) {}
 
   const std::string& name() const { return name_; }
   bool is_part() const { return is_part_; }
@@ -68,8 +70,7 @@ class CheckpointEntry {
         TG_CHECK(v <= static_cast<unsigned long long>(INT64_MAX), "save_checkpoint: value ", v,
                  " does not fit the int64 it is stored as");
       return tg::full({}, static_cast<long long>(v), kInt64);
-    }
-    else
+    } else
       return tg::full({}, static_cast<double>(v), kFloat64);
   }
   std::string name_;

@@ -90,15 +90,15 @@ class TempDir {
 // ---- the training rig: Linear -> ReLU -> Dropout -> Linear, batches drawn with randperm, so
 // both the dropout masks and the batch order come from the generators.
 struct Rig {
-  Rig(Device dev, const OptFactory& make_opt, bool fresh, bool amp, uint64_t init_seed)
-      : device(dev), use_amp(amp) {
+  Rig(Device dev, const OptFactory& make_opt, bool fresh, bool amp, uint64_t init_seed) : device(dev), use_amp(amp) {
     tg::manual_seed(init_seed);  // fresh objects start from other weights than the run they resume
     model = nn::Sequential(nn::Linear(8, 32), nn::ReLU(), nn::Dropout(0.25), nn::Linear(32, 4));
     model.to(dev);
     opt = make_opt(model.parameters(), fresh);
     // A fresh scaler has other options: the checkpoint's win.
-    scaler = std::make_unique<amp::GradScaler>(fresh ? amp::GradScalerOptions{.init_scale = 8.0, .growth_interval = 100}
-                                                     : amp::GradScalerOptions{.init_scale = 65536.0 * 256, .growth_interval = 7});
+    scaler = std::make_unique<amp::GradScaler>(
+        fresh ? amp::GradScalerOptions{.init_scale = 8.0, .growth_interval = 100}
+              : amp::GradScalerOptions{.init_scale = 65536.0 * 256, .growth_interval = 7});
   }
 
   void train(const Tensor& x, const Tensor& y, int steps) {
@@ -135,11 +135,8 @@ struct Rig {
   }
 
   void save(const std::string& path, int64_t step) const {
-    save_checkpoint(path, {{"model", model},
-                           {"optimizer", *opt},
-                           {"scaler", *scaler},
-                           {"rng", rng_state_dict()},
-                           {"step", step}});
+    save_checkpoint(
+        path, {{"model", model}, {"optimizer", *opt}, {"scaler", *scaler}, {"rng", rng_state_dict()}, {"step", step}});
   }
 
   // Loads everything but (optionally) the generators; returns the saved step.
@@ -354,12 +351,9 @@ TEST(Checkpoint, WritesAdamStateForTorch) {
   StateDict opt_before;
   for (const auto& [k, t] : opt.state_dict()) opt_before.insert(k, t.clone());
   step(x, y);
-  save_checkpoint(std::string(dir) + "/adam_state.safetensors", {{"model", before},
-                                                                 {"optimizer", opt_before},
-                                                                 {"x", x},
-                                                                 {"y", y},
-                                                                 {"after", lin},
-                                                                 {"optimizer_after", opt}});
+  save_checkpoint(
+      std::string(dir) + "/adam_state.safetensors",
+      {{"model", before}, {"optimizer", opt_before}, {"x", x}, {"y", y}, {"after", lin}, {"optimizer_after", opt}});
 }
 
 // ---- the file: layout, names, metadata, parts of any class with state_dict()
@@ -431,13 +425,13 @@ TEST(Checkpoint, RefusedSaveKeepsOldFile) {
   save_checkpoint(path, {{"model", lin}, {"step", 1}});
   const Bytes before = file_bytes(path);
   const std::vector<std::vector<CheckpointEntry>> bad = {
-      {{"model", lin}, {"model", lin}},                      // repeated
-      {{"model", lin}, {"step", 1}, {"step", 2}},            // repeated value
-      {{"a.b", lin}},                                        // '.' in a part name
-      {{"", lin}},                                           // empty
-      {{"x,y", 1}},                                          // ',' would break the metadata list
-      {{"model", StateDict{{"w", Tensor()}}}},               // undefined tensor
-      {{"model", lin}, {"step", Tensor()}},                  // undefined value
+      {{"model", lin}, {"model", lin}},            // repeated
+      {{"model", lin}, {"step", 1}, {"step", 2}},  // repeated value
+      {{"a.b", lin}},                              // '.' in a part name
+      {{"", lin}},                                 // empty
+      {{"x,y", 1}},                                // ',' would break the metadata list
+      {{"model", StateDict{{"w", Tensor()}}}},     // undefined tensor
+      {{"model", lin}, {"step", Tensor()}},        // undefined value
   };
   for (size_t i = 0; i < bad.size(); ++i) {
     EXPECT_THROW(save_checkpoint(path, bad[i]), Error) << "case " << i;
@@ -496,8 +490,8 @@ TEST(Checkpoint, CorruptOrForeignFilesAreErrors) {
     }
   };
   for (size_t n : {size_t{0}, size_t{5}, size_t{20}, good.size() / 2, good.size() - 1})
-    expect_error(Bytes(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n)), "truncated to " + std::to_string(n),
-                 "bad.safetensors");
+    expect_error(Bytes(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n)),
+                 "truncated to " + std::to_string(n), "bad.safetensors");
   Bytes flipped = good;
   flipped[8] = '[';  // the header's opening brace
   expect_error(flipped, "header not an object", "bad.safetensors");
@@ -584,9 +578,8 @@ TEST(RngState, EncodesSeedAndOffset) {
   Tensor s0 = get_rng_state();
   EXPECT_EQ(s0.dtype(), kUInt8);
   EXPECT_EQ(s0.sizes(), Shape({16}));
-  EXPECT_EQ(s0.to_vector<uint8_t>(),
-            (std::vector<uint8_t>{8, 7, 6, 5, 4, 3, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0}));
-  (void)tg::rand({5});            // 5 float32 counters, rounded up to 8
+  EXPECT_EQ(s0.to_vector<uint8_t>(), (std::vector<uint8_t>{8, 7, 6, 5, 4, 3, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0}));
+  (void)tg::rand({5});             // 5 float32 counters, rounded up to 8
   (void)tg::randn({3}, kFloat64);  // 6 counters -> 8
   std::vector<uint8_t> s1 = get_rng_state().to_vector<uint8_t>();
   EXPECT_EQ(s1[8], 16);
@@ -623,7 +616,7 @@ TEST(RngState, CudaGeneratorReplaysCuda) {
   set_rng_state(s, dev);
   EXPECT_EQ(bytes_of(tg::rand({33}, dev)), bytes_of(r));
   EXPECT_EQ(bytes_of(nn::functional::dropout(tg::ones({100}, dev), 0.5, true)), bytes_of(m));
-  EXPECT_EQ(bytes_of(get_rng_state()), cpu_before);  // the CPU generator is its own
+  EXPECT_EQ(bytes_of(get_rng_state()), cpu_before);                                 // the CPU generator is its own
   EXPECT_EQ(bytes_of(get_rng_state(Device(kCUDA))), bytes_of(get_rng_state(dev)));  // current device
 }
 
@@ -632,8 +625,8 @@ TEST(RngState, BadStatesAreRefused) {
   const Bytes before = bytes_of(get_rng_state());
   std::vector<uint8_t> odd(16, 0);
   odd[8] = 2;  // offset 2: not a multiple of 4
-  for (const Tensor& bad : {tg::zeros({16}), tg::zeros({15}, kUInt8), tg::zeros({2, 8}, kInt64),
-                            tg::tensor(odd, {16}), Tensor()})
+  for (const Tensor& bad :
+       {tg::zeros({16}), tg::zeros({15}, kUInt8), tg::zeros({2, 8}, kInt64), tg::tensor(odd, {16}), Tensor()})
     EXPECT_THROW(set_rng_state(bad), Error);
   EXPECT_EQ(bytes_of(get_rng_state()), before);
   if (!has_cuda()) {
