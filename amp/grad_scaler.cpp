@@ -252,24 +252,31 @@ Tensor GradScaler::found_inf(const optim::Optimizer& opt) const {
   return it == per_optimizer_.end() ? Tensor() : it->second.found_inf;
 }
 
-std::map<std::string, double> GradScaler::state_dict() const {
+StateDict GradScaler::state_dict() const {
   if (!options_.enabled) return {};
-  return {{"scale", get_scale()},
-          {"growth_factor", options_.growth_factor},
-          {"backoff_factor", options_.backoff_factor},
-          {"growth_interval", static_cast<double>(options_.growth_interval)},
-          {"_growth_tracker", static_cast<double>(get_growth_tracker())}};
+  return {{"scale", tg::full({}, get_scale(), kFloat64)},
+          {"growth_factor", tg::full({}, options_.growth_factor, kFloat64)},
+          {"backoff_factor", tg::full({}, options_.backoff_factor, kFloat64)},
+          {"growth_interval", tg::full({}, options_.growth_interval, kInt64)},
+          {"_growth_tracker", tg::full({}, get_growth_tracker(), kInt64)}};
 }
 
-void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
+void GradScaler::load_state_dict(const StateDict& state) {
   if (!options_.enabled) return;
   TG_CHECK(!state.empty(),
            "GradScaler.load_state_dict: the state dict is empty, possibly because it was saved from a disabled "
            "GradScaler.");
+  for (const auto& [key, t] : state)
+    TG_CHECK(key == "scale" || key == "growth_factor" || key == "backoff_factor" || key == "growth_interval" ||
+                 key == "_growth_tracker",
+             "GradScaler.load_state_dict: unexpected key '", key, "'");
   auto get = [&](const char* key) {
-    auto it = state.find(key);
-    TG_CHECK(it != state.end(), "GradScaler.load_state_dict: missing key '", key, "'");
-    return it->second;
+    const Tensor* t = state.find(key);
+    TG_CHECK(t != nullptr, "GradScaler.load_state_dict: missing key '", key, "'");
+    TG_CHECK(t->defined(), "GradScaler.load_state_dict: '", key, "' is undefined");
+    TG_CHECK(t->numel() == 1 && t->dtype() != kBool, "GradScaler.load_state_dict: '", key,
+             "' must be a numeric tensor with one element, got ", t->dtype(), " ", t->sizes());
+    return t->to(kCPU, kFloat64).item<double>();
   };
   // Everything is checked before anything changes: the values come from a file, and a double
   // outside an integer's range is undefined behaviour to convert.

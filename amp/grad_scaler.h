@@ -13,11 +13,11 @@
 // and the update.
 #pragma once
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
 
+#include <tapegrad/core/state_dict.h>
 #include <tapegrad/core/tensor.h>
 #include <tapegrad/optim/optimizer.h>
 
@@ -77,10 +77,13 @@ class GradScaler {
   // yet. The same tensor serves every iteration: update() sets it back to zero.
   Tensor found_inf(const optim::Optimizer& opt) const;
 
-  // PyTorch's keys: "scale", "growth_factor", "backoff_factor", "growth_interval",
-  // "_growth_tracker". Empty when disabled. Synchronizes (reads scale and tracker).
-  std::map<std::string, double> state_dict() const;
-  void load_state_dict(const std::map<std::string, double>& state);
+  // PyTorch's keys: "scale", "growth_factor", "backoff_factor" (float64 0-d),
+  // "growth_interval", "_growth_tracker" (int64 0-d). Empty when disabled.
+  // Synchronizes (reads scale and tracker back).
+  StateDict state_dict() const;
+  // Accepts any numeric one-element tensors (a torch checkpoint's floats too);
+  // validated in full before anything changes. Ignored when disabled.
+  void load_state_dict(const StateDict& state);
 
  private:
   enum class OptState : uint8_t { Ready, Unscaled, Stepped };

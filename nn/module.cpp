@@ -1,4 +1,4 @@
-// tg::nn::Module and StateDict.
+// tg::nn::Module.
 #include <tapegrad/nn/module.h>
 
 #include <sstream>
@@ -8,35 +8,6 @@
 #include <tapegrad/core/native.h>
 
 namespace tg::nn {
-
-// ---- StateDict
-void StateDict::insert(const std::string& name, Tensor t) {
-  auto it = index_.find(name);
-  if (it != index_.end()) {
-    items_[it->second].second = std::move(t);
-    return;
-  }
-  index_.emplace(name, items_.size());
-  items_.emplace_back(name, std::move(t));
-}
-
-const Tensor* StateDict::find(std::string_view name) const {
-  auto it = index_.find(std::string(name));
-  return it == index_.end() ? nullptr : &items_[it->second].second;
-}
-
-const Tensor& StateDict::at(std::string_view name) const {
-  const Tensor* t = find(name);
-  TG_CHECK(t != nullptr, "StateDict: no entry named '", name, "' (", items_.size(), " entries)");
-  return *t;
-}
-
-std::vector<std::string> StateDict::keys() const {
-  std::vector<std::string> out;
-  out.reserve(items_.size());
-  for (const auto& [k, v] : items_) out.push_back(k);
-  return out;
-}
 
 // ---- registration
 void Module::check_new_name(const std::string& name, const char* what) const {

@@ -16,3 +16,6 @@
 #include <tapegrad/nn/normalization.h>
 // ---- issue 16: gradient clipping
 #include <tapegrad/nn/clip_grad.h>
+
+// ---- issue 16: whole training state in one checkpoint
+#include <tapegrad/nn/checkpoint.h>

@@ -173,22 +173,23 @@ void Optimizer::set_group_option(size_t, std::string_view option, const std::vec
   TG_ERROR(name(), ": no numeric option '", option, "'");
 }
 
-OptimizerStateDict Optimizer::state_dict() const {
-  OptimizerStateDict out;
+StateDict Optimizer::state_dict() const {
+  StateDict out, groups;
   int64_t index = 0;
   for (size_t g = 0; g < num_param_groups(); ++g) {
     std::vector<int64_t> indices;
     for (const Tensor& p : params(g)) {
       if (const ParamState* st = state(p)) {
         for (const auto& [name, t] : *st)
-          if (t.defined()) out["state." + std::to_string(index) + "." + name] = t;
+          if (t.defined()) out.insert("state." + std::to_string(index) + "." + name, t);
       }
       indices.push_back(index++);
     }
     const std::string prefix = "param_groups." + std::to_string(g) + ".";
-    save_group_options(g, prefix, out);
-    out[prefix + "params"] = tg::tensor(indices);
+    save_group_options(g, prefix, groups);
+    groups.insert(prefix + "params", tg::tensor(indices));
   }
+  for (const auto& [k, t] : groups) out.insert(k, t);
   return out;
 }
 
@@ -200,10 +201,11 @@ bool parse_index(std::string_view s, int64_t& out) {
 }
 }  // namespace
 
-void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
+void Optimizer::load_state_dict(const StateDict& sd) {
   const std::string op = std::string(name()) + ".load_state_dict";
   const size_t ngroups = num_param_groups();
-  TG_CHECK(!sd.count("param_groups." + std::to_string(ngroups) + ".params") && (ngroups == 0 || sd.count("param_groups." + std::to_string(ngroups - 1) + ".params")),
+  TG_CHECK(!sd.contains("param_groups." + std::to_string(ngroups) + ".params") &&
+               (ngroups == 0 || sd.contains("param_groups." + std::to_string(ngroups - 1) + ".params")),
            op, ": loaded state dict has a different number of parameter groups than the optimizer (", ngroups, ")");
 
   // Saved index -> parameter, and the options, group by group (validated before anything changes).
@@ -215,9 +217,9 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
   std::set<std::string> known;
   for (size_t g = 0; g < ngroups; ++g) {
     const std::string prefix = "param_groups." + std::to_string(g) + ".";
-    auto it = sd.find(prefix + "params");
-    TG_CHECK(it != sd.end(), op, ": missing entry '", prefix, "params'");
-    const Tensor& idx = it->second;
+    const Tensor* found = sd.find(prefix + "params");
+    TG_CHECK(found != nullptr, op, ": missing entry '", prefix, "params'");
+    const Tensor& idx = *found;
     TG_CHECK(idx.dtype() == kInt64 && idx.dim() == 1, op, ": '", prefix, "params' must be a 1-D int64 tensor, got ",
              idx.dtype(), " ", idx.sizes());
     const auto& ps = params(g);
@@ -230,7 +232,7 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
       TG_CHECK(!by_index[ids[i]].defined(), op, ": parameter index ", ids[i], " appears twice");
       by_index[ids[i]] = ps[i];
     }
-    OptimizerStateDict expected;
+    StateDict expected;
     save_group_options(g, prefix, expected);
     for (const auto& kv : expected) known.insert(kv.first);
     known.insert(prefix + "params");
@@ -260,14 +262,14 @@ void Optimizer::load_state_dict(const OptimizerStateDict& sd) {
       TG_CHECK(t.numel() == 1, op, ": '", key, "' must have one element, got shape ", t.sizes());
       value = t.to(p.device(), kFloat32).reshape({}).clone();
     } else {
-      TG_CHECK(t.sizes() == p.sizes(), op, ": '", key, "' has shape ", t.sizes(), " but the parameter has shape ",
-               p.sizes());
+      TG_CHECK(t.sizes() == p.sizes(), op, ": '", key, "' has shape ", t.sizes(), " but parameter ", index,
+               " has shape ", p.sizes());
       value = t.to(p.device(), p.dtype()).contiguous().clone();
     }
     fresh[p.impl_ptr().get()][field] = value.detach();
   }
   // Options are validated group by group as they load: a bad later group puts the earlier ones back.
-  OptimizerStateDict before;
+  StateDict before;
   for (size_t g = 0; g < ngroups; ++g) save_group_options(g, "param_groups." + std::to_string(g) + ".", before);
   try {
     for (size_t g = 0; g < ngroups; ++g) load_group_options(g, "param_groups." + std::to_string(g) + ".", sd);

@@ -5,7 +5,6 @@
 #pragma once
 #include <cstddef>
 #include <deque>
-#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include <tapegrad/core/error.h>
+#include <tapegrad/core/state_dict.h>
 #include <tapegrad/core/tensor.h>
 
 namespace tg::optim {
@@ -28,16 +28,19 @@ struct StepArgs {
   Tensor found_inf;
 };
 
-// A flat, ordered checkpoint of an optimizer, every entry a tensor:
+// An optimizer's checkpoint is a StateDict (core/state_dict.h), every entry a tensor,
+// in PyTorch's order (all state, then the groups):
 //   "state.<i>.<name>"         per-parameter state of parameter i, numbered over all
 //                              groups in order (PyTorch's numbering): "step" (float32
 //                              0-d), "exp_avg", "momentum_buffer", ...
 //   "param_groups.<g>.<option>" each option of group g: float64 0-d for numbers, bool
 //                              0-d for flags, float64 [2] for betas
 //   "param_groups.<g>.params"  int64 [n]: the indices of the group's parameters
+// torch.optim's nested {'state': {i: {name: t}}, 'param_groups': [{option: v, 'params': [i..]}]}
+// is this with the dots as nesting (docs/api.md; tests/parity/optim_state_to_torch.py).
 // state_dict() returns the live state tensors (like PyTorch, not copies), so
 // tg::save them before the next step if a snapshot is wanted.
-using OptimizerStateDict = std::map<std::string, Tensor>;
+using OptimizerStateDict = StateDict;  // the same type, for existing code
 
 // The named state tensors of one parameter (a few entries, kept in insertion order;
 // references stay valid when entries are added).
@@ -104,19 +107,20 @@ class Optimizer {
   // The state of one parameter (null before its first step).
   const ParamState* state(const Tensor& param) const;
 
-  OptimizerStateDict state_dict() const;
+  StateDict state_dict() const;
   // Checks the group and parameter counts, restores the options and copies the
   // state onto each parameter's device (state in the parameter's dtype, step in
-  // float32). Unknown or malformed entries are a tg::Error.
-  void load_state_dict(const OptimizerStateDict& state_dict);
+  // float32). Unknown or malformed entries, and state shaped unlike its parameter,
+  // are a tg::Error; everything is validated before anything changes.
+  void load_state_dict(const StateDict& state_dict);
 
   virtual const char* name() const = 0;
 
  protected:
   Optimizer() = default;
   // Options of a group as named tensors, and back.
-  virtual void save_group_options(size_t group, const std::string& prefix, OptimizerStateDict& out) const = 0;
-  virtual void load_group_options(size_t group, const std::string& prefix, const OptimizerStateDict& in) = 0;
+  virtual void save_group_options(size_t group, const std::string& prefix, StateDict& out) const = 0;
+  virtual void load_group_options(size_t group, const std::string& prefix, const StateDict& in) = 0;
   // Validates a new group's parameters against every existing group.
   void check_new_params(const std::vector<Tensor>& params) const;
   // Creates the device lr copies of a new group (one per CUDA device of its parameters), and
@@ -235,16 +239,16 @@ class GroupedOptimizer : public Optimizer {
   explicit GroupedOptimizer(Options defaults) : defaults_(defaults) {}
   virtual void validate(const Options& options) const = 0;
 
-  void save_group_options(size_t group, const std::string& prefix, OptimizerStateDict& out) const override {
+  void save_group_options(size_t group, const std::string& prefix, StateDict& out) const override {
     Options o = groups_[group].options;
-    o.visit([&](const char* name, auto& v) { out[prefix + name] = detail::option_tensor(v); });
+    o.visit([&](const char* name, auto& v) { out.insert(prefix + name, detail::option_tensor(v)); });
   }
-  void load_group_options(size_t group, const std::string& prefix, const OptimizerStateDict& in) override {
+  void load_group_options(size_t group, const std::string& prefix, const StateDict& in) override {
     Options o = groups_[group].options;
     o.visit([&](const char* name, auto& v) {
-      auto it = in.find(prefix + name);
-      TG_CHECK(it != in.end(), name_str(), ".load_state_dict: missing entry '", prefix, name, "'");
-      detail::option_value(it->second, prefix + name, v);
+      const Tensor* t = in.find(prefix + name);
+      TG_CHECK(t != nullptr, name_str(), ".load_state_dict: missing entry '", prefix, name, "'");
+      detail::option_value(*t, prefix + name, v);
     });
     validate(o);
     groups_[group].options = o;

@@ -1,10 +1,16 @@
-// Factories and the per-device Philox generators.
+// Factories, the per-device Philox generators and their state (core/rng.h).
+#include <charconv>
 #include <cmath>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <vector>
 
+#include <tapegrad/core/cuda.h>
 #include <tapegrad/core/native.h>
+#include <tapegrad/core/ops.h>
 #include <tapegrad/core/philox.h>
+#include <tapegrad/core/rng.h>
 
 namespace tg::native {
 
@@ -128,5 +134,100 @@ void manual_seed(uint64_t seed) {
   std::lock_guard<std::mutex> lock(native::g_gen_mutex);
   native::g_cpu_gen = {seed, 0};
   for (auto& g : native::g_cuda_gens) g = {seed, 0};
+}
+}  // namespace tg
+
+// ---- generator state (core/rng.h)
+namespace tg {
+namespace {
+constexpr int64_t kRngStateBytes = 16;
+
+Device rng_device(Device d, const char* op) {
+  if (d.is_cpu()) return d;
+  const int n = cuda::device_count();
+  TG_CHECK(n > 0, op, ": no CUDA device is available for ", d);
+  if (!d.has_index()) return Device(kCUDA, cuda::current_device());
+  TG_CHECK(d.index() < n, op, ": device ", d, " does not exist (", n, " CUDA device(s))");
+  return d;
+}
+
+// (seed, offset) from a state tensor, validated.
+std::pair<uint64_t, uint64_t> decode_rng_state(const Tensor& state, const std::string& what, const char* op) {
+  TG_CHECK(state.defined(), op, ": ", what, " is undefined");
+  TG_CHECK(state.dtype() == kUInt8 && state.numel() == kRngStateBytes, op, ": ", what, " must be a uint8 tensor of ",
+           kRngStateBytes, " bytes (seed, Philox offset), got ", state.dtype(), " ", state.sizes());
+  const std::vector<uint8_t> b = state.to(kCPU).contiguous().to_vector<uint8_t>();
+  uint64_t seed = 0, offset = 0;
+  for (int i = 7; i >= 0; --i) {
+    seed = seed << 8 | b[i];
+    offset = offset << 8 | b[8 + i];
+  }
+  TG_CHECK(offset % 4 == 0, op, ": ", what, " holds the Philox offset ", offset, ", which is not a multiple of 4");
+  return {seed, offset};
+}
+}  // namespace
+
+Tensor get_rng_state(Device device) {
+  device = rng_device(device, "get_rng_state");
+  native::Generator g;
+  {
+    std::lock_guard<std::mutex> lock(native::g_gen_mutex);
+    g = native::generator(device);
+  }
+  std::vector<uint8_t> b(kRngStateBytes);
+  for (int i = 0; i < 8; ++i) {
+    b[i] = static_cast<uint8_t>(g.seed >> (8 * i));
+    b[8 + i] = static_cast<uint8_t>(g.offset >> (8 * i));
+  }
+  return tg::tensor(b, {kRngStateBytes});
+}
+
+void set_rng_state(const Tensor& state, Device device) {
+  device = rng_device(device, "set_rng_state");
+  auto [seed, offset] = decode_rng_state(state, "the state", "set_rng_state");
+  std::lock_guard<std::mutex> lock(native::g_gen_mutex);
+  native::generator(device) = {seed, offset};
+}
+
+StateDict rng_state_dict() {
+  StateDict out;
+  out.insert("cpu", get_rng_state(Device(kCPU)));
+  for (int i = 0; i < cuda::device_count(); ++i) out.insert("cuda." + std::to_string(i), get_rng_state(Device(kCUDA, i)));
+  return out;
+}
+
+void load_rng_state_dict(const StateDict& state, bool strict) {
+  const char* op = "load_rng_state_dict";
+  const int n = cuda::device_count();
+  std::vector<std::pair<Device, std::pair<uint64_t, uint64_t>>> todo;
+  for (const auto& [key, t] : state) {
+    std::optional<Device> d;
+    if (key == "cpu") {
+      d = Device(kCPU);
+    } else if (key.rfind("cuda.", 0) == 0) {
+      int index = -1;
+      const char* b = key.data() + 5;
+      const char* e = key.data() + key.size();
+      auto [ptr, ec] = std::from_chars(b, e, index);
+      TG_CHECK(ec == std::errc() && ptr == e && b != e && index >= 0, op, ": malformed entry '", key,
+               "' (expected \"cpu\" or \"cuda.<index>\")");
+      if (index < n)
+        d = Device(kCUDA, index);
+      else
+        TG_CHECK(!strict, op, ": entry '", key, "' is for a CUDA device that is not present (", n,
+                 " CUDA device(s)); load non-strictly to skip it");
+    } else {
+      TG_ERROR(op, ": unexpected entry '", key, "' (expected \"cpu\" or \"cuda.<index>\")");
+    }
+    auto so = decode_rng_state(t, "entry '" + key + "'", op);
+    if (d) todo.emplace_back(*d, so);
+  }
+  if (strict) {
+    TG_CHECK(state.contains("cpu"), op, ": missing entry 'cpu'");
+    for (int i = 0; i < n; ++i)
+      TG_CHECK(state.contains("cuda." + std::to_string(i)), op, ": missing entry 'cuda.", i, "'");
+  }
+  std::lock_guard<std::mutex> lock(native::g_gen_mutex);
+  for (const auto& [d, so] : todo) native::generator(d) = {so.first, so.second};
 }
 }  // namespace tg

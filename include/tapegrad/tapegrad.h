@@ -11,6 +11,9 @@
 #include <tapegrad/core/shape.h>
 #include <tapegrad/core/tensor.h>
 #include <tapegrad/core/tensor_options.h>
+// ---- issue 16: StateDict and the generators' state
+#include <tapegrad/core/rng.h>
+#include <tapegrad/core/state_dict.h>
 #if __has_include(<tapegrad/autograd/autograd.h>)
 #include <tapegrad/autograd/autograd.h>
 #endif

@@ -331,11 +331,18 @@ TEST(GradScaler, StateDictRoundTrip) {
       scaler.update();
     }
     auto sd = scaler.state_dict();
-    EXPECT_EQ(sd.at("scale"), 128.0);
-    EXPECT_EQ(sd.at("_growth_tracker"), 3.0);
-    EXPECT_EQ(sd.at("growth_interval"), 10.0);
-    EXPECT_EQ(sd.at("growth_factor"), 2.0);
-    EXPECT_EQ(sd.at("backoff_factor"), 0.5);
+    EXPECT_EQ(sd.keys(), (std::vector<std::string>{"scale", "growth_factor", "backoff_factor", "growth_interval",
+                                                    "_growth_tracker"}));
+    for (const auto& [k, v] : sd) {
+      EXPECT_EQ(v.dim(), 0) << k;
+      EXPECT_EQ(v.device(), Device(kCPU)) << k;
+      EXPECT_EQ(v.dtype(), k == "growth_interval" || k == "_growth_tracker" ? kInt64 : kFloat64) << k;
+    }
+    EXPECT_EQ(sd.at("scale").item<double>(), 128.0);
+    EXPECT_EQ(sd.at("_growth_tracker").item<int64_t>(), 3);
+    EXPECT_EQ(sd.at("growth_interval").item<int64_t>(), 10);
+    EXPECT_EQ(sd.at("growth_factor").item<double>(), 2.0);
+    EXPECT_EQ(sd.at("backoff_factor").item<double>(), 0.5);
     amp::GradScaler fresh;
     fresh.load_state_dict(sd);
     EXPECT_EQ(fresh.get_scale(), 128.0);
@@ -355,7 +362,12 @@ TEST(GradScaler, StateDictRoundTrip) {
 // saves (a growth_interval of 3e160 was converted to int64: undefined behaviour) are a
 // tg::Error, and a refused state changes nothing.
 TEST(GradScaler, LoadStateDictRejectsValuesOutOfRange) {
-  const std::map<std::string, double> good = amp::GradScaler().state_dict();
+  const StateDict good = amp::GradScaler().state_dict();
+  auto values = [](const StateDict& sd) {
+    std::vector<double> out;
+    for (const auto& [k, v] : sd) out.push_back(v.item<double>());
+    return out;
+  };
   const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
   const std::vector<std::pair<std::string, double>> bad = {
       {"growth_interval", 3.05565e+160}, {"growth_interval", -inf}, {"growth_interval", nan},
@@ -367,10 +379,32 @@ TEST(GradScaler, LoadStateDictRejectsValuesOutOfRange) {
   for (const auto& [key, value] : bad) {
     amp::GradScaler scaler;
     auto state = good;
-    state[key] = value;
+    state.insert(key, tg::full({}, value, kFloat64));
     EXPECT_THROW(scaler.load_state_dict(state), Error) << key << " = " << value;
-    EXPECT_EQ(scaler.state_dict(), good) << key << " = " << value;
+    EXPECT_EQ(values(scaler.state_dict()), values(good)) << key << " = " << value;
   }
+  // Entries that are not one number, and unknown or missing keys, are refused the same way.
+  for (const auto& [key, t] : std::vector<std::pair<std::string, Tensor>>{
+           {"scale", tg::ones({2}, kFloat64)}, {"scale", tg::full({}, true, kBool)}, {"scale", Tensor()},
+           {"growth_intervals", tg::full({}, 10, kInt64)}}) {
+    amp::GradScaler scaler;
+    auto state = good;
+    state.insert(key, t);
+    EXPECT_THROW(scaler.load_state_dict(state), Error) << key;
+    EXPECT_EQ(values(scaler.state_dict()), values(good)) << key;
+  }
+  auto missing = good;
+  missing.erase("_growth_tracker");
+  EXPECT_THROW(amp::GradScaler().load_state_dict(missing), Error);
+  // A float32 or int32 entry (as another writer may store it) loads by value.
+  StateDict narrow{{"scale", tg::full({}, 256.0f)},
+                   {"growth_factor", tg::full({}, 4.0f)},
+                   {"backoff_factor", tg::full({}, 0.25f)},
+                   {"growth_interval", tg::full({}, 7, kInt32)},
+                   {"_growth_tracker", tg::full({}, 2, kInt32)}};
+  amp::GradScaler loaded;
+  loaded.load_state_dict(narrow);
+  EXPECT_EQ(values(loaded.state_dict()), (std::vector<double>{256.0, 4.0, 0.25, 7.0, 2.0}));
 }
 
 TEST(GradScaler, DisabledIsTransparent) {

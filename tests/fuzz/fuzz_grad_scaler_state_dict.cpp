@@ -7,10 +7,10 @@ TG_FUZZ_TARGET {
   static const char* const kKeys[] = {"scale", "growth_factor", "backoff_factor", "growth_interval",
                                       "_growth_tracker", "other"};
   tg_fuzz::Bytes in{data, size};
-  std::map<std::string, double> state;
+  tg::StateDict state;
   while (in.n >= 9) {
     const auto k = in.get<uint8_t>();
-    state[kKeys[k % 6]] = in.get<double>();
+    state.insert(kKeys[k % 6], tg::full({}, in.get<double>(), tg::kFloat64));
   }
   const bool scale_first = size % 2;  // load before or after the scale tensors exist
   tg::Tensor w = tg::ones({2});

@@ -18,7 +18,7 @@ struct Params {
 };
 
 template <class Opt, class Options>
-void fuzz_one(const tg::optim::OptimizerStateDict& sd, Options options) {
+void fuzz_one(const tg::StateDict& sd, Options options) {
   Params p;
   std::vector<tg::optim::ParamGroup<Options>> groups;
   groups.push_back({{p.a, p.b}, options});
@@ -43,8 +43,7 @@ void fuzz_one(const tg::optim::OptimizerStateDict& sd, Options options) {
 TG_FUZZ_TARGET {
   tg::nn::StateDict loaded;
   if (!tg_fuzz::load_safetensors(data, size, "optim.safetensors", loaded)) return 0;
-  tg::optim::OptimizerStateDict sd;
-  for (const auto& [k, v] : loaded) sd[k] = v;
+  const tg::StateDict& sd = loaded;
   tg::optim::SGDOptions sgd;
   sgd.lr = 0.1;
   sgd.momentum = 0.9;

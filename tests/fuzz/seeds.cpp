@@ -83,10 +83,10 @@ void optimizer_seeds() {
 void grad_scaler_seeds() {
   static const char* const kKeys[] = {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"};
   amp::GradScaler scaler;
-  const std::map<std::string, double> state = scaler.state_dict();
+  const StateDict state = scaler.state_dict();
   std::string bytes;
   for (uint8_t k = 0; k < 5; ++k) {
-    const double v = state.at(kKeys[k]);
+    const double v = state.at(kKeys[k]).item<double>();
     bytes += static_cast<char>(k);
     bytes.append(reinterpret_cast<const char*>(&v), sizeof(v));
   }

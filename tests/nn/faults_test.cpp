@@ -211,11 +211,7 @@ TEST(Faults, CudaOutOfMemoryMidAmpTrainingLosesNothing) {
     }
     std::map<std::string, Bytes> state() const {
       auto s = snapshot(net, *opt);
-      for (const auto& [k, v] : scaler.state_dict()) {
-        Bytes b(sizeof(double));
-        std::memcpy(b.data(), &v, sizeof(double));
-        s["scaler." + k] = b;
-      }
+      for (const auto& [k, v] : scaler.state_dict()) s["scaler." + k] = bytes_of(v);
       return s;
     }
     tg::nn::Sequential net;

@@ -99,7 +99,7 @@ TEST(FusedCuda, NewGradientsAndLoadedStateAreSeen) {
   opt.step();  // buf = 0.5 + 2 = 2.5, p = -3.5
   expect_close(host(p), Vec(3, -3.5), 1e-6, 0, "p");
   auto sd = opt.state_dict();
-  sd["state.0.momentum_buffer"] = tg::full({3}, 10.0);
+  sd.insert("state.0.momentum_buffer", tg::full({3}, 10.0));
   opt.load_state_dict(sd);
   opt.step();  // buf = 5 + 2 = 7, p = -10.5
   expect_close(host(p), Vec(3, -10.5), 1e-6, 0, "p after load");
