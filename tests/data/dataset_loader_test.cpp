@@ -525,21 +525,24 @@ TEST(DatasetLoader, CopiesToCudaOnASideStream) {
 
 TEST(DatasetLoader, BatchesStayValidWhileTheConsumerStreamIsBusy) {
   if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  // The consumer queues slow work on each batch and drops it at once; the side stream's next copies
-  // must not reuse its memory before that work ends (record_stream).
+  // The consumer queues slow work (matmuls) before reading each batch, and the batch dies when the
+  // next one is taken, long before that work ran; the side stream's next copies must not reuse its
+  // memory before the reads end (record_stream on the consumer's stream).
   auto ds = std::make_shared<Numbers>(2048);
-  data::DataLoader loader(ds, {.batch_size = 256, .num_workers = 2, .device = tg::kCUDA});
+  data::DataLoader loader(ds, {.batch_size = 128, .num_workers = 2, .device = tg::kCUDA});
   tg::cuda::Stream consumer;
   tg::cuda::StreamGuard guard(consumer);
+  Tensor big = tg::rand({2048, 2048}, tg::kCUDA);
   std::vector<Tensor> results;
-  for (const auto& b : loader) {
-    Tensor x = b[0];
-    for (int k = 0; k < 50; ++k) x = x * 1.0;  // keeps the consumer stream busy
-    results.push_back(x.select(1, 0).sum());
-  }
-  for (size_t b = 0; b < results.size(); ++b) {
-    const double lo = 256.0 * b, want = 256 * lo + 255 * 256 / 2.0;
-    EXPECT_EQ(results[b].item<double>(), want) << "batch " << b;
+  for (int epoch = 0; epoch < 2; ++epoch)
+    for (const auto& b : loader) {
+      for (int k = 0; k < 8; ++k) big = tg::matmul(big, big) * 1e-3;
+      results.push_back(b[0].select(1, 0).sum());
+    }
+  ASSERT_EQ(results.size(), 32u);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const double lo = 128.0 * static_cast<double>(i % 16), want = 128 * lo + 127 * 128 / 2.0;
+    EXPECT_EQ(results[i].item<double>(), want) << "batch " << i;
   }
 }
 
