@@ -37,6 +37,7 @@ class Numbers : public data::Dataset {
   std::vector<Tensor> get(int64_t i) const override {
     gets.fetch_add(1);
     if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+    if (slow_every > 0 && i % slow_every == 0) std::this_thread::sleep_for(std::chrono::milliseconds(3));
     if (i == throw_at) throw std::runtime_error("bad sample " + std::to_string(i));
     std::vector<double> x{static_cast<double>(i), i + 0.5};
     if (i == wide_at) x.push_back(0);
@@ -46,6 +47,7 @@ class Numbers : public data::Dataset {
   }
   int64_t throw_at = -1, wide_at = -1, float_at = -1;
   int delay_us = 0;
+  int64_t slow_every = 0;  // these samples take 3 ms: workers finish batches out of order
   mutable std::atomic<int64_t> gets{0};
 
  private:
@@ -327,6 +329,14 @@ TEST(DatasetLoader, WorkersGiveIdenticalBatchesInOrder) {
   // The order is RandomSampler's with the seed.
   data::RandomSampler s(103, false, std::nullopt, 11);
   EXPECT_EQ(flat({got[0].begin(), got[0].begin() + 13}), s.indices());
+
+  // Batches that take longer than later ones still arrive in order.
+  auto slow = std::make_shared<Numbers>(120);
+  slow->slow_every = 15;  // one slow sample in every third batch of 5
+  data::DataLoader loader(slow, {.batch_size = 5, .num_workers = 4});
+  std::vector<int64_t> want(120);
+  std::iota(want.begin(), want.end(), int64_t{0});
+  EXPECT_EQ(flat(batches(loader)), want);
 }
 
 TEST(DatasetLoader, EarlyBreakStopsTheWorkersPromptly) {
