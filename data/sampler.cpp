@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 #include <utility>
 
 #include <tapegrad/core/error.h>
@@ -24,6 +25,12 @@ std::pair<uint64_t, uint64_t> stream(const std::optional<uint64_t>& seed, uint64
 }
 
 std::vector<int64_t> to_indices(const Tensor& t) { return t.to_vector<int64_t>(); }
+
+std::vector<double> weights_of(const Tensor& w) {
+  TG_CHECK(w.defined() && w.dim() == 1, "WeightedRandomSampler: weights must be a 1-d tensor, got ",
+           w.defined() ? tg::detail::str_cat("shape ", w.sizes()) : std::string("an undefined tensor"));
+  return native::to(w, Device(kCPU), kFloat64, false).contiguous().to_vector<double>();
+}
 
 // Counters one randperm of n uses (DataLoader<N>'s epoch span: data/dataloader.cpp).
 uint64_t perm_counters(int64_t n) { return philox::counters_for(2 * static_cast<uint64_t>(n), 4); }
@@ -94,6 +101,10 @@ WeightedRandomSampler::WeightedRandomSampler(std::vector<double> weights, int64_
   TG_CHECK(replacement || num_samples <= positive, "WeightedRandomSampler: num_samples = ", num_samples,
            " without replacement but only ", positive, " of ", weights_.size(), " weights are positive");
 }
+
+WeightedRandomSampler::WeightedRandomSampler(const Tensor& weights, int64_t num_samples, bool replacement,
+                                             std::optional<uint64_t> seed)
+    : WeightedRandomSampler(weights_of(weights), num_samples, replacement, seed) {}
 
 std::vector<int64_t> WeightedRandomSampler::indices() {
   const uint64_t e = epoch_++;

@@ -7,6 +7,8 @@
 #include <optional>
 #include <vector>
 
+#include <tapegrad/core/tensor.h>
+
 namespace tg::data {
 
 class Sampler {
@@ -55,6 +57,9 @@ class RandomSampler : public Sampler {
 class WeightedRandomSampler : public Sampler {
  public:
   WeightedRandomSampler(std::vector<double> weights, int64_t num_samples, bool replacement = true,
+                        std::optional<uint64_t> seed = std::nullopt);
+  // The same from a 1-d tensor of weights (any device, any real dtype).
+  WeightedRandomSampler(const Tensor& weights, int64_t num_samples, bool replacement = true,
                         std::optional<uint64_t> seed = std::nullopt);
   int64_t size() const override { return num_samples_; }
   std::vector<int64_t> indices() override;

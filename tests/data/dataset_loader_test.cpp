@@ -208,7 +208,13 @@ TEST(Samplers, WeightedWithoutReplacementDrawsInWeightOrder) {
   near(order_421, 0.375);
   EXPECT_NE(error_of([] { data::WeightedRandomSampler({0, 1, 3}, 3, false); }).find("only 2 of 3"), std::string::npos);
   EXPECT_NE(error_of([] { data::WeightedRandomSampler({1, -1}, 1); }).find("-1"), std::string::npos);
-  EXPECT_THROW(data::WeightedRandomSampler({0, 0}, 1), tg::Error);
+  EXPECT_THROW(data::WeightedRandomSampler(std::vector<double>{0, 0}, 1), tg::Error);
+  // A tensor of weights is the same sampler.
+  data::WeightedRandomSampler from_tensor(tg::tensor(std::vector<float>{0, 1, 3, 0, 4}), 3, false, 5);
+  EXPECT_EQ(from_tensor.weights(), (std::vector<double>{0, 1, 3, 0, 4}));
+  data::WeightedRandomSampler again({0, 1, 3, 0, 4}, 3, false, 5);
+  EXPECT_EQ(from_tensor.indices(), again.indices());
+  EXPECT_NE(error_of([] { data::WeightedRandomSampler(tg::zeros({2, 2}), 1); }).find("1-d"), std::string::npos);
 }
 
 // torch.utils.data.DistributedSampler.__iter__, line by line, on a given epoch order.
@@ -296,6 +302,15 @@ TEST(DatasetLoader, SequentialBatchesAndDropLast) {
   auto ds = std::make_shared<Numbers>(23);
   data::DataLoader loader(ds, {.batch_size = 5});
   static_assert(std::is_same_v<decltype(loader), data::DataLoader<data::dynamic_extent>>);
+  // Deduced from a pointer to const, or to the base class, too; TensorDataset keeps DataLoader<N>.
+  std::shared_ptr<const Numbers> cds = ds;
+  std::shared_ptr<data::Dataset> base = ds;
+  data::DataLoader from_const(cds), from_base(base, {.batch_size = 2});
+  static_assert(std::is_same_v<decltype(from_const), data::DataLoader<data::dynamic_extent>>);
+  static_assert(std::is_same_v<decltype(from_base), data::DataLoader<data::dynamic_extent>>);
+  data::TensorDataset tds(tg::zeros({4, 2}));
+  data::DataLoader tensor_loader(tds, {.batch_size = 2});
+  static_assert(std::is_same_v<decltype(tensor_loader), data::DataLoader<1>>);
   EXPECT_EQ(loader.size(), 5u);
   auto bs = batches(loader);
   ASSERT_EQ(bs.size(), 5u);
