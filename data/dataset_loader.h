@@ -71,7 +71,7 @@ class DataLoader<dynamic_extent> {
   DataLoader& operator=(DataLoader&&) noexcept;
 
   // Holds its epoch: the last iterator of an epoch to die (the loop's, when a range-for ends or
-  // breaks) stops that epoch's workers and joins them.
+  // breaks) stops that epoch's workers and joins them. One thread reads an epoch, in order.
   class Iterator {
    public:
     using iterator_category = std::input_iterator_tag;
