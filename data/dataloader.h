@@ -122,3 +122,6 @@ template <size_t N>
 DataLoader(TensorDataset<N>) -> DataLoader<N>;
 
 }  // namespace tg::data
+
+// DataLoader<dynamic_extent>: the loader over a std::shared_ptr<Dataset>, with samplers and workers.
+#include <tapegrad/data/dataset_loader.h>

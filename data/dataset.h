@@ -1,13 +1,28 @@
 // tg::data::TensorDataset: N tensors indexed together along dim 0 (sample i is
 // row i of each). `TensorDataset ds(x, y)` deduces TensorDataset<2>.
+// tg::data::Dataset: the map-style dataset users derive from (PyTorch's Dataset), read by
+// DataLoader<dynamic_extent> (data/dataset_loader.h).
 #pragma once
 #include <array>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include <tapegrad/core/tensor.h>
 
 namespace tg::data {
+
+// A map-style dataset: `size()` samples, sample i is `get(i)`, a list of tensors (its fields,
+// e.g. {image, label}), the same number, shapes and dtypes for every i when the loader's default
+// collation stacks them. With DataLoader's num_workers > 0, get() is called from several worker
+// threads at once: it must be thread-safe (reading immutable members is).
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual std::vector<Tensor> get(int64_t index) const = 0;
+};
 
 namespace detail {
 // All defined, at least 1-d, the same size on dim 0 and on one device; tg::Error otherwise.
