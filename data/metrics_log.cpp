@@ -23,9 +23,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // The shortest text that reads back to `v`; nan / inf / -inf for the non-finite.
 std::string csv_number(double v) {
@@ -74,8 +72,10 @@ MetricsLog::MetricsLog(std::string path, MetricsLogOptions options) : impl_(std:
   m.format = metrics_format_for(m.path);
   TG_CHECK(!(m.opt.overwrite && m.opt.append), "MetricsLog('", m.path, "'): overwrite and append exclude each other");
   int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC;
-  if (m.opt.overwrite) flags |= O_TRUNC;
-  else if (!m.opt.append) flags |= O_EXCL;
+  if (m.opt.overwrite)
+    flags |= O_TRUNC;
+  else if (!m.opt.append)
+    flags |= O_EXCL;
   const int fd = ::open(m.path.c_str(), flags, 0644);
   if (fd < 0 && errno == EEXIST)
     TG_ERROR("MetricsLog('", m.path, "'): the file exists; pass overwrite = true to replace it or append = true ",

@@ -23,9 +23,9 @@ namespace tg::data {
 enum class MetricsFormat { JsonLines, Csv };
 
 struct MetricsLogOptions {
-  bool overwrite = false;  // an existing file is truncated (otherwise it is an error)
-  bool append = false;     // an existing file is continued (CSV: its header gives the columns)
-  bool time = true;        // a "time" field: seconds since the log was opened (steady clock)
+  bool overwrite = false;            // an existing file is truncated (otherwise it is an error)
+  bool append = false;               // an existing file is continued (CSV: its header gives the columns)
+  bool time = true;                  // a "time" field: seconds since the log was opened (steady clock)
   std::vector<std::string> columns;  // CSV: the named columns up front (default: the first record's names)
 };
 

@@ -1,7 +1,8 @@
 // A training progress bar: epoch, step/total, a bar, it/s (and samples/s when told the batch
-// size), the epoch's mean loss and the ETA on one line. On a terminal the line is redrawn in place ('\r'); into a file or a pipe (or any
-// std::ostream the caller passes) it prints plain lines every `print_every` steps, so a log stays
-// readable. The clock can be replaced, which makes the output exactly testable.
+// size), the epoch's mean loss and the ETA on one line. On a terminal the line is redrawn in place
+// ('\r'); into a file or a pipe (or any std::ostream the caller passes) it prints plain lines every
+// `print_every` steps, so a log stays readable. The clock can be replaced, which makes the output
+// exactly testable.
 //
 //   tg::data::ProgressBar bar(loader.size(), {.num_epochs = 30});
 //   for (int e = 0; e < 30; ++e) {

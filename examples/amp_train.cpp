@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
   examples::add_device_option(app, args.device, "cuda (gpu: cuda) or cpu");
   app.add_flag("--cpu", args.cpu, "train on the CPU (the same as --device cpu)");
   app.add_option("--steps", args.steps, "timed steps")->check(examples::kPositive);
-  app.add_option("--warmup", args.warmup, "warm-up steps (at least 3 with --cuda-graph)")->check(examples::kNonNegative);
+  app.add_option("--warmup", args.warmup, "warm-up steps (at least 3 with --cuda-graph)")
+      ->check(examples::kNonNegative);
   app.add_option("--batch", args.batch, "batch size")->check(examples::kPositive);
   app.add_option("--features", args.features, "F: features in and out")->check(examples::kPositive);
   app.add_flag("--cuda-graph", args.cuda_graph, "capture one step into a CUDA graph and replay it");

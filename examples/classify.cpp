@@ -63,8 +63,8 @@ int main(int argc, char** argv) {
     return examples::usage_error(app, "--x and --y are required (or --synthetic N)");
   if (o.test_x.empty() != o.test_y.empty()) return examples::usage_error(app, "--test-x and --test-y go together");
   if (o.batch % o.accum_steps != 0)
-    return examples::usage_error(app, "--accum-steps " + std::to_string(o.accum_steps) + " does not divide --batch " +
-                                          std::to_string(o.batch));
+    return examples::usage_error(
+        app, "--accum-steps " + std::to_string(o.accum_steps) + " does not divide --batch " + std::to_string(o.batch));
   if (!o.metrics.empty() && std::filesystem::exists(o.metrics))
     return examples::usage_error(app, "--metrics " + o.metrics + " exists (remove it or name another file)");
   if (scale_opt->count() > 0) o.scale = scale;
@@ -73,7 +73,10 @@ int main(int argc, char** argv) {
   if (!dev) return 2;
   o.device = dev->is_cuda() ? "cuda" : "cpu";
   try {
-    classify::train(o, [](const std::string& line) { std::printf("%s\n", line.c_str()); std::fflush(stdout); });
+    classify::train(o, [](const std::string& line) {
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    });
   } catch (const tg::Error& e) {
     std::fprintf(stderr, "classify: %s\n", e.what());
     return 1;

@@ -141,7 +141,8 @@ int main(int argc, char** argv) {
   app.add_option("--order", a.order, "parity mode: batch order (safetensors 'order', int64 [steps, batch])");
   app.add_flag("--cuda-graph", a.cuda_graph, "capture an epoch into a CUDA graph and replay it");
   if (int rc = examples::parse(app, argc, argv); rc >= 0) return rc;
-  if (a.cpu && !a.device.empty() && a.device != "cpu") return examples::usage_error(app, "--cpu and --device " + a.device);
+  if (a.cpu && !a.device.empty() && a.device != "cpu")
+    return examples::usage_error(app, "--cpu and --device " + a.device);
   if (a.cpu) a.device = "cpu";
   if (a.cuda_graph && a.device == "cpu") return examples::usage_error(app, "--cuda-graph needs the GPU");
   if (a.cuda_graph && !a.init.empty()) return examples::usage_error(app, "--cuda-graph is not for parity mode");

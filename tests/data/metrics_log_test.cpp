@@ -62,8 +62,9 @@ TEST_F(MetricsLogTest, JsonLinesRoundTripInOrderWithTime) {
     // Written before the log is closed: a crash here keeps it.
     ASSERT_EQ(lines(p).size(), 1u);
     log.log(20, 1, {{"loss", tiny}, {"accuracy", 0.875}, {"samples/s", 12345.5}});
-    log.log(30, 1, {{"loss", std::numeric_limits<double>::quiet_NaN()},
-                    {"grad_norm", std::numeric_limits<double>::infinity()}});
+    log.log(
+        30, 1,
+        {{"loss", std::numeric_limits<double>::quiet_NaN()}, {"grad_norm", std::numeric_limits<double>::infinity()}});
     EXPECT_EQ(log.records(), 3);
   }
   const auto ls = lines(p);
@@ -88,8 +89,10 @@ TEST_F(MetricsLogTest, JsonLinesRoundTripInOrderWithTime) {
   EXPECT_LE(t0, t2);
   EXPECT_LT(t2, 60.0);
   if (have_python()) {  // a second, independent JSON parser
-    const std::string cmd = "python3 -c \"import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; "
-                            "assert r[0]['loss']==1/3 and r[1]['epoch']==1 and r[2]['loss'] is None, r\" " + p;
+    const std::string cmd =
+        "python3 -c \"import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; "
+        "assert r[0]['loss']==1/3 and r[1]['epoch']==1 and r[2]['loss'] is None, r\" " +
+        p;
     EXPECT_EQ(std::system(cmd.c_str()), 0);
   }
 }
@@ -107,8 +110,7 @@ TEST_F(MetricsLogTest, CsvHeaderFromFirstRecordEmptyCellsAndNonFinite) {
       log.log(3, 0, {{"lr", 0.1}});
       ADD_FAILURE() << "a name outside the header was accepted";
     } catch (const tg::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("'lr' is not a column of this CSV (step,epoch,loss,acc)"),
-                std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("'lr' is not a column of this CSV (step,epoch,loss,acc)"), std::string::npos)
           << e.what();
     }
   }
@@ -122,9 +124,11 @@ TEST_F(MetricsLogTest, CsvHeaderFromFirstRecordEmptyCellsAndNonFinite) {
   EXPECT_EQ(std::stod(c2[3]), 2.0 / 3.0);  // round-trips exactly
   EXPECT_EQ(ls[3], "-1,3,-inf,nan");
   if (have_python()) {
-    const std::string cmd = "python3 -c \"import csv,sys,math; r=list(csv.DictReader(open(sys.argv[1]))); "
-                            "assert len(r)==3 and float(r[1]['acc'])==2/3 and r[1]['loss']=='' and "
-                            "float(r[2]['loss'])==-math.inf and math.isnan(float(r[2]['acc'])), r\" " + p;
+    const std::string cmd =
+        "python3 -c \"import csv,sys,math; r=list(csv.DictReader(open(sys.argv[1]))); "
+        "assert len(r)==3 and float(r[1]['acc'])==2/3 and r[1]['loss']=='' and "
+        "float(r[2]['loss'])==-math.inf and math.isnan(float(r[2]['acc'])), r\" " +
+        p;
     EXPECT_EQ(std::system(cmd.c_str()), 0);
   }
 }
@@ -189,8 +193,8 @@ TEST_F(MetricsLogTest, LinesSurviveAProcessThatDiesWithoutClosing) {
   ASSERT_EQ(::waitpid(pid, &st, 0), pid);
   ASSERT_TRUE(WIFEXITED(st));
   EXPECT_EQ(WEXITSTATUS(st), 3);
-  EXPECT_EQ(lines(p), (std::vector<std::string>{R"({"step":1,"epoch":0,"loss":0.5})",
-                                                R"({"step":2,"epoch":0,"loss":0.25})"}));
+  EXPECT_EQ(lines(p),
+            (std::vector<std::string>{R"({"step":1,"epoch":0,"loss":0.5})", R"({"step":2,"epoch":0,"loss":0.25})"}));
 }
 
 TEST_F(MetricsLogTest, BadNamesFormatsAndUseAfterCloseAreErrors) {

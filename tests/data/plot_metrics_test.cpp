@@ -53,8 +53,11 @@ class PlotMetrics : public ::testing::Test {
   void write_log(const std::string& p) const {
     tg::data::MetricsLog log(p);
     for (int i = 0; i < 20; ++i)
-      log.log(10 * (i + 1), i / 5, {{"train_loss", 2.0 / (1 + i)}, {"test_accuracy", 0.5 + 0.02 * i},
-                                    {"lr", 0.1 * std::pow(0.9, i)}, {"samples_per_s", 1000.0 + i}});
+      log.log(10 * (i + 1), i / 5,
+              {{"train_loss", 2.0 / (1 + i)},
+               {"test_accuracy", 0.5 + 0.02 * i},
+               {"lr", 0.1 * std::pow(0.9, i)},
+               {"samples_per_s", 1000.0 + i}});
   }
   static bool have_matplotlib() { return std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") == 0; }
   fs::path dir_;
