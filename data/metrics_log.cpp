@@ -98,6 +98,11 @@ MetricsLog::MetricsLog(std::string path, MetricsLogOptions options) : impl_(std:
                "'): the CSV header must start with step,epoch, got '", line, "'");
       TG_CHECK(!m.opt.time || (m.columns.size() >= 3 && m.columns[2] == "time"), "MetricsLog('", m.path,
                "'): time is on but the CSV header has no time column after step,epoch: '", line, "'");
+      if (!m.opt.columns.empty()) {
+        const std::vector<std::string> named(m.columns.begin() + (m.opt.time ? 3 : 2), m.columns.end());
+        TG_CHECK(named == m.opt.columns, "MetricsLog('", m.path, "'): the CSV's header '", line,
+                 "' does not hold the columns asked for");
+      }
       m.header_written = true;
     } else if (!m.opt.columns.empty()) {
       m.columns = {"step", "epoch"};

@@ -144,6 +144,13 @@ TEST_F(MetricsLogTest, CsvColumnsUpFrontAndAppendContinuesUnderTheHeader) {
     EXPECT_EQ(log.columns(), (std::vector<std::string>{"step", "epoch", "time", "loss", "lr"}));
     log.log(1, 0, {{"loss", 2.5}});
   }
+  try {
+    MetricsLog other(p, {.append = true, .columns = {"lr", "loss"}});
+    ADD_FAILURE() << "appended under a header with other columns";
+  } catch (const tg::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not hold the columns asked for"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(MetricsLog(p, {.append = true, .columns = {"loss", "lr"}}));
   const auto ls = lines(p);
   ASSERT_EQ(ls.size(), 3u);
   EXPECT_EQ(ls[0], "step,epoch,time,loss,lr");
