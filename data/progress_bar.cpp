@@ -28,8 +28,10 @@ std::string format_duration(double seconds) {
 
 ProgressBar::ProgressBar(int64_t total, ProgressBarOptions options) : total_(total), opt_(std::move(options)) {
   TG_CHECK(total >= 0, "ProgressBar: total must be >= 0, got ", total);
-  TG_CHECK(opt_.print_every >= 0 && opt_.width >= 0, "ProgressBar: print_every and width must be >= 0, got ",
-           opt_.print_every, " and ", opt_.width);
+  TG_CHECK(opt_.print_every >= 0 && opt_.width >= 0 && opt_.batch_size >= 0,
+           "ProgressBar: print_every, width and batch_size must be >= 0, got ", opt_.print_every, ", ", opt_.width,
+           " and ", opt_.batch_size);
+  show_samples_ = opt_.batch_size > 0;
   out_ = opt_.out != nullptr ? opt_.out : &std::cout;
   tty_ = opt_.tty.value_or(opt_.out == nullptr && ::isatty(STDOUT_FILENO) != 0);
   if (opt_.print_every == 0) opt_.print_every = std::max<int64_t>(1, total_ / 10);
@@ -43,7 +45,7 @@ double ProgressBar::now() const {
 
 void ProgressBar::start_epoch(int64_t epoch) {
   epoch_ = epoch;
-  step_ = loss_count_ = 0;
+  step_ = loss_count_ = samples_ = 0;
   loss_sum_ = 0;
   last_printed_ = 0;
   last_len_ = 0;
@@ -58,6 +60,11 @@ double ProgressBar::mean_loss() const {
 double ProgressBar::rate() const {
   const double dt = now() - start_;
   return dt > 0 ? static_cast<double>(step_) / dt : 0.0;
+}
+
+double ProgressBar::samples_rate() const {
+  const double dt = now() - start_;
+  return dt > 0 ? static_cast<double>(samples_) / dt : 0.0;
 }
 
 std::string ProgressBar::line() const {
@@ -76,6 +83,10 @@ std::string ProgressBar::line() const {
   const double r = rate();
   std::snprintf(buf, sizeof buf, " %.1f it/s", r);
   s += buf;
+  if (show_samples_) {
+    std::snprintf(buf, sizeof buf, " %.0f samples/s", samples_rate());
+    s += buf;
+  }
   if (loss_count_ > 0) {
     std::snprintf(buf, sizeof buf, " loss %.4f", mean_loss());
     s += buf;
@@ -87,9 +98,12 @@ std::string ProgressBar::line() const {
   return s;
 }
 
-void ProgressBar::update(std::optional<double> loss, int64_t steps) {
+void ProgressBar::update(std::optional<double> loss, int64_t steps, int64_t samples) {
   TG_CHECK(steps >= 0, "ProgressBar::update: steps must be >= 0, got ", steps);
+  TG_CHECK(samples >= -1, "ProgressBar::update: samples must be >= 0 (or -1: steps * batch_size), got ", samples);
   step_ += steps;
+  if (samples >= 0) show_samples_ = true;
+  samples_ += samples >= 0 ? samples : steps * opt_.batch_size;
   if (loss) {
     loss_sum_ += *loss;
     ++loss_count_;

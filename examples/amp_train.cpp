@@ -3,11 +3,11 @@
 // forward under autocast and a GradScaler around backward / step. Prints the loss,
 // the final scale, the time per step and the peak GPU memory.
 //
-//   amp_train [--dtype fp16|bf16|off] [--cpu] [--steps N] [--warmup N] [--batch N] [--features N]
-//             [--cuda-graph] [--init FILE --data FILE --init-scale S --log FILE]
+//   amp_train [--dtype fp16|bf16|off] [--device cuda|cpu | --cpu] [--steps N] [--warmup N] [--batch N]
+//             [--features N] [--cuda-graph] [--init FILE --data FILE --init-scale S --log FILE]
 //
-// Defaults: fp16 on CUDA, 100 timed steps after 5 warm-up steps. --cpu trains on
-// the CPU (bfloat16 unless --dtype says otherwise; use fewer steps there).
+// Defaults: fp16 on CUDA, 100 timed steps after 5 warm-up steps. --device cpu (or --cpu) trains
+// on the CPU (bfloat16 unless --dtype says otherwise; use fewer steps there).
 // --cuda-graph: after the warm-up steps (at least 3, on a side stream), one training
 // step is captured into a tg::cuda::Graph and the timed steps replay it. Each step's
 // fresh randn batch is drawn into the input tensor the graph reads (normal_) before the replay.
@@ -18,11 +18,11 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <string>
+
+#include "cli.h"
 
 #include <tapegrad/amp/amp.h>
 #include <tapegrad/optim/optim.h>
@@ -32,6 +32,7 @@ namespace {
 struct Args {
   std::string dtype;  // "" = the device's default
   bool cpu = false;
+  std::string device = "cuda";
   int steps = 100;
   int warmup = 5;
   int64_t batch = 256;
@@ -41,54 +42,40 @@ struct Args {
   double init_scale = 65536.0;
 };
 
-[[noreturn]] void usage(const char* msg) {
-  std::fprintf(stderr,
-               "%s\nusage: amp_train [--dtype fp16|bf16|off] [--cpu] [--steps N] [--warmup N] [--batch N] "
-               "[--features N] [--cuda-graph]\n",
-               msg);
-  std::exit(2);
-}
-
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    auto next = [&](const char* flag) -> const char* {
-      if (i + 1 >= argc) usage((std::string(flag) + " needs a value").c_str());
-      return argv[++i];
-    };
-    if (!std::strcmp(argv[i], "--dtype")) a.dtype = next("--dtype");
-    else if (!std::strcmp(argv[i], "--cpu")) a.cpu = true;
-    else if (!std::strcmp(argv[i], "--steps")) a.steps = std::atoi(next("--steps"));
-    else if (!std::strcmp(argv[i], "--warmup")) a.warmup = std::atoi(next("--warmup"));
-    else if (!std::strcmp(argv[i], "--batch")) a.batch = std::atoll(next("--batch"));
-    else if (!std::strcmp(argv[i], "--features")) a.features = std::atoll(next("--features"));
-    else if (!std::strcmp(argv[i], "--cuda-graph")) a.cuda_graph = true;
-    else if (!std::strcmp(argv[i], "--init")) a.init = next("--init");
-    else if (!std::strcmp(argv[i], "--data")) a.data = next("--data");
-    else if (!std::strcmp(argv[i], "--log")) a.log = next("--log");
-    else if (!std::strcmp(argv[i], "--init-scale")) a.init_scale = std::atof(next("--init-scale"));
-    else usage((std::string("unknown argument ") + argv[i]).c_str());
-  }
-  if (a.dtype != "" && a.dtype != "fp16" && a.dtype != "bf16" && a.dtype != "off") usage("--dtype: fp16, bf16 or off");
-  if (a.steps < 1 || a.warmup < 0 || a.batch < 1 || a.features < 1) usage("sizes and counts must be positive");
-  if (a.cuda_graph && a.cpu) usage("--cuda-graph needs the GPU (drop --cpu)");
-  if (a.cuda_graph && a.warmup < 3) a.warmup = 3;
-  if (a.init.empty() != a.data.empty() || a.init.empty() != a.log.empty())
-    usage("--init, --data and --log go together");  // eager warm-up on the capture stream before capturing
-  return a;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args = parse(argc, argv);
+  Args args;
+  examples::App app{"Mixed-precision training: Linear(F, F) with SGD under autocast and a GradScaler", "amp_train"};
+  app.add_option("--dtype", args.dtype, "autocast dtype: fp16, bf16 or off (default: the device's)")
+      ->check(CLI::IsMember({"fp16", "bf16", "off"}));
+  examples::add_device_option(app, args.device, "cuda (gpu: cuda) or cpu");
+  app.add_flag("--cpu", args.cpu, "train on the CPU (the same as --device cpu)");
+  app.add_option("--steps", args.steps, "timed steps")->check(examples::kPositive);
+  app.add_option("--warmup", args.warmup, "warm-up steps (at least 3 with --cuda-graph)")
+      ->check(examples::kNonNegative);
+  app.add_option("--batch", args.batch, "batch size")->check(examples::kPositive);
+  app.add_option("--features", args.features, "F: features in and out")->check(examples::kPositive);
+  app.add_flag("--cuda-graph", args.cuda_graph, "capture one step into a CUDA graph and replay it");
+  app.add_option("--init", args.init, "fidelity mode: initial 'weight' and 'bias' (safetensors)");
+  app.add_option("--data", args.data, "fidelity mode: batches 'x' [steps, batch, features] (safetensors)");
+  app.add_option("--log", args.log, "fidelity mode: 'step loss scale' lines go here");
+  app.add_option("--init-scale", args.init_scale, "fidelity mode: the GradScaler's initial scale")
+      ->check(examples::kPositive);
+  if (int rc = examples::parse(app, argc, argv); rc >= 0) return rc;
+  const bool device_given = app.count("--device") > 0;
+  if (args.cpu && device_given && args.device != "cpu")
+    return examples::usage_error(app, "--cpu and --device " + args.device);
+  if (args.cpu) args.device = "cpu";
+  if (args.cuda_graph && args.device == "cpu") return examples::usage_error(app, "--cuda-graph needs the GPU");
+  if (args.cuda_graph && args.warmup < 3) args.warmup = 3;  // eager warm-up on the capture stream before capturing
+  if (args.init.empty() != args.data.empty() || args.init.empty() != args.log.empty())
+    return examples::usage_error(app, "--init, --data and --log go together");
+  const auto picked = examples::pick_device(app, args.device);
+  if (!picked) return 2;
   try {
-    const bool on_gpu = !args.cpu;
-    if (on_gpu && !tg::cuda::is_available()) {
-      std::fprintf(stderr, "amp_train: no CUDA device; run with --cpu\n");
-      return 1;
-    }
-    const tg::Device dev = on_gpu ? tg::Device(tg::kCUDA) : tg::Device(tg::kCPU);
+    const tg::Device dev = *picked;
+    const bool on_gpu = dev.is_cuda();
     const bool amp_on = args.dtype != "off";
     std::optional<tg::DType> low;  // nullopt: the device type's default (fp16 CUDA, bf16 CPU)
     if (args.dtype == "fp16") low = tg::kFloat16;

@@ -1,7 +1,8 @@
 // The MLP classifier of examples/classify.cpp as functions a test can call (tests/data/
-// classify_test.cpp does): read a dataset from IDX or .npy files, split it, train
-// Linear-ReLU-Linear with cross_entropy and Adam, report train loss and test accuracy per epoch,
-// save a checkpoint. Header-only so that the example stays one program a user can copy.
+// classify_test.cpp does): read a dataset from IDX or .npy files (or make a synthetic one), split
+// it, train Linear-ReLU-Linear with cross_entropy and Adam (optionally accumulating gradients over
+// micro-batches), report train loss and test accuracy per epoch (and into a metrics log), save a
+// checkpoint. Header-only so that the example stays one program a user can copy.
 #pragma once
 #include <tapegrad/tapegrad.h>
 
@@ -34,6 +35,9 @@ struct Options {
   std::string order;           // batch order (safetensors "order", int64 [steps, batch]): parity mode
   bool progress = true;        // the progress bar
   bool quiet = false;          // no per-epoch lines
+  int64_t synthetic = 0;       // > 0: no files; this many rows of synthetic_digits() (x, y ignored)
+  int64_t accum_steps = 1;     // each batch in this many micro-batches, one optimizer step per batch
+  std::string metrics;         // a tg::data::MetricsLog (.jsonl or .csv): one record per epoch
 };
 
 struct Dataset {
@@ -45,6 +49,7 @@ struct EpochReport {
   int64_t epoch;
   double train_loss;  // mean over the epoch's steps
   double test_accuracy;
+  double samples_per_s = 0;  // training rows per second this epoch
 };
 
 struct Result {
@@ -76,10 +81,39 @@ inline Dataset make_dataset(const tg::Tensor& xr, const tg::Tensor& yr, std::opt
   return {x.contiguous(), yr.to(tg::kInt64).contiguous()};
 }
 
+// A digits-like dataset made from `seed` alone: `rows` 8x8 "images" (64 float features in
+// [0, 1]) of 10 classes, labels 0, 1, ..., 9, 0, ... Each class is a random stroke pattern on a
+// 10x10 canvas (35% of the pixels lit); a sample is an 8x8 crop of its class's canvas at one of 9
+// offsets (the digit shifted by up to 2 pixels each way), at a random brightness (x0.6 to x1.4),
+// plus N(0, 0.35) pixel noise, clamped to [0, 1]. With the default MLP and Adam (lr 2e-3, batch
+// 64) 12000 rows go from ~89% test accuracy after one epoch to ~97% after eight.
+inline Dataset synthetic_digits(int64_t rows, uint64_t seed) {
+  TG_CHECK(rows >= 10, "classify: --synthetic needs at least 10 rows, got ", rows);
+  tg::manual_seed(seed + 0x5eed);
+  const std::vector<float> canvas = (tg::rand({10, 10, 10}) < 0.35).to(tg::kFloat32).to_vector<float>();
+  std::vector<float> crops(10 * 9 * 64);  // [class * 9 + offset, 64]
+  for (int c = 0; c < 10; ++c)
+    for (int off = 0; off < 9; ++off)
+      for (int r = 0; r < 8; ++r)
+        for (int q = 0; q < 8; ++q)
+          crops[static_cast<size_t>(((c * 9 + off) * 8 + r) * 8 + q)] =
+              canvas[static_cast<size_t>((c * 10 + r + off / 3) * 10 + q + off % 3)];
+  const tg::Tensor protos = tg::tensor(crops, tg::Shape{90, 64});
+  std::vector<int64_t> labels(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) labels[static_cast<size_t>(i)] = i % 10;
+  const tg::Tensor y = tg::tensor(labels);
+  const tg::Tensor offset = (tg::rand({rows}) * 9.0).to(tg::kInt64).clamp(0, 8);
+  const tg::Tensor gain = tg::rand({rows, 1}) * 0.8 + 0.6;
+  const tg::Tensor x = (tg::index_select(protos, 0, y * 9 + offset) * gain + tg::randn({rows, 64}) * 0.35)
+                           .clamp(0.0, 1.0);
+  return {x.contiguous(), y.contiguous()};
+}
+
 // The train and test sets: the test set is test_x / test_y, or the last rows of x / y.
 inline std::pair<Dataset, Dataset> load_split(const Options& o) {
-  Dataset all = make_dataset(load_any(o.x), load_any(o.y), o.scale, "'" + o.x + "'");
-  if (!o.test_x.empty()) {
+  Dataset all = o.synthetic > 0 ? synthetic_digits(o.synthetic, o.seed)
+                                : make_dataset(load_any(o.x), load_any(o.y), o.scale, "'" + o.x + "'");
+  if (o.synthetic <= 0 && !o.test_x.empty()) {
     Dataset test = make_dataset(load_any(o.test_x), load_any(o.test_y), o.scale, "'" + o.test_x + "'");
     TG_CHECK(test.x.size(1) == all.x.size(1), "classify: the test set has ", test.x.size(1),
              " features, the training set ", all.x.size(1));
@@ -120,12 +154,40 @@ inline double accuracy(tg::nn::Sequential& net, const Dataset& d, int64_t batch 
   return static_cast<double>(correct.item<int64_t>()) / static_cast<double>(n);
 }
 
+// Adds the gradient of the batch's mean loss to the parameters' .grad(), running the batch as
+// `k` micro-batches of ceil(rows / k) rows (a short batch: fewer or smaller ones): each
+// micro-batch's mean loss is weighted by its share of the rows (1/k for a full batch), so the sum of
+// their gradients is the whole batch's, with a k-th of the activations alive at a time. Returns the
+// batch's mean loss (detached).
+inline tg::Tensor backward_in_micro_batches(tg::nn::Sequential& net, const tg::Tensor& xb, const tg::Tensor& yb,
+                                            int64_t k) {
+  TG_CHECK(k >= 1, "classify: accum_steps must be >= 1, got ", k);
+  const int64_t rows = xb.size(0);
+  const int64_t micro = (rows + k - 1) / k;
+  if (micro >= rows) {
+    tg::Tensor loss = loss_fn(net(xb), yb);
+    loss.backward();
+    return loss.detach();
+  }
+  tg::Tensor total;
+  for (int64_t s = 0; s < rows; s += micro) {
+    const int64_t e = std::min(rows, s + micro);
+    tg::Tensor loss = loss_fn(net(xb.slice(0, s, e)), yb.slice(0, s, e)) *
+                      (static_cast<double>(e - s) / static_cast<double>(rows));
+    loss.backward();
+    total = total.defined() ? total + loss.detach() : loss.detach();
+  }
+  return total;
+}
+
 // Trains as `o` says; `log` receives the per-epoch lines (stdout in the example).
 inline Result train(const Options& o, const std::function<void(const std::string&)>& log = {}) {
   TG_CHECK(o.device == "cpu" || o.device == "cuda", "classify: --device must be cpu or cuda, got '", o.device, "'");
   TG_CHECK(o.device == "cpu" || tg::cuda::is_available(), "classify: --device cuda but no CUDA device is available");
   TG_CHECK(o.hidden > 0 && o.epochs >= 0 && o.batch > 0 && o.lr > 0, "classify: hidden, batch and lr must be > 0 ",
            "and epochs >= 0, got ", o.hidden, ", ", o.batch, ", ", o.lr, ", ", o.epochs);
+  TG_CHECK(o.accum_steps >= 1 && o.batch % o.accum_steps == 0, "classify: --accum-steps must be >= 1 and divide ",
+           "--batch (micro-batches of batch / accum-steps rows), got ", o.accum_steps, " and batch ", o.batch);
   const tg::Device dev = o.device == "cuda" ? tg::Device(tg::kCUDA) : tg::Device(tg::kCPU);
   auto say = [&](const std::string& s) {
     if (log && !o.quiet) log(s);
@@ -156,13 +218,16 @@ inline Result train(const Options& o, const std::function<void(const std::string
                 static_cast<long long>(r.num_classes), dev.str().c_str());
   say(buf);
 
+  // One optimizer step on a batch (gradients accumulated over accum_steps micro-batches).
   auto step = [&](const tg::Tensor& xb, const tg::Tensor& yb) {
     opt.zero_grad();
-    tg::Tensor loss = loss_fn(net(xb), yb);
-    loss.backward();
+    tg::Tensor loss = backward_in_micro_batches(net, xb, yb, o.accum_steps);
     opt.step();
     return loss;
   };
+  std::optional<tg::data::MetricsLog> metrics;
+  if (!o.metrics.empty()) metrics.emplace(o.metrics);
+  int64_t global_step = 0;
 
   if (!o.order.empty()) {
     // Parity mode: one step per row of the order file, no shuffling, every loss recorded.
@@ -173,6 +238,7 @@ inline Result train(const Options& o, const std::function<void(const std::string
       const tg::Tensor idx = order.select(0, s);
       const double l = step(train_set.x.index_select(0, idx), train_set.y.index_select(0, idx)).item<double>();
       r.step_losses.push_back(l);
+      if (metrics) metrics->log(s, 0, {{"train_loss", l}, {"lr", o.lr}});
       std::snprintf(buf, sizeof buf, "step %lld loss %.9g", static_cast<long long>(s), l);
       say(buf);
     }
@@ -183,7 +249,7 @@ inline Result train(const Options& o, const std::function<void(const std::string
     const bool show = o.progress && !o.quiet;
     std::ostringstream sink;
     tg::data::ProgressBar bar(static_cast<int64_t>(loader.size()),
-                              {.num_epochs = o.epochs, .out = show ? nullptr : &sink});
+                              {.num_epochs = o.epochs, .out = show ? nullptr : &sink, .batch_size = o.batch});
     for (int64_t e = 0; e < o.epochs; ++e) {
       bar.start_epoch(e);
       // The epoch's loss is summed on the device; only the bar reads each step's loss (a sync
@@ -191,16 +257,21 @@ inline Result train(const Options& o, const std::function<void(const std::string
       tg::Tensor total = tg::zeros({}, dev);
       for (auto [xb, yb] : loader) {
         tg::Tensor loss = step(xb, yb);
-        total.add_(loss.detach());
-        if (show) bar.update(loss.item<double>());
-        else bar.update();
+        ++global_step;
+        total.add_(loss);
+        if (show) bar.update(loss.item<double>(), 1, xb.size(0));
+        else bar.update(std::nullopt, 1, xb.size(0));
       }
-      if (show) bar.finish();
       const double train_loss = total.item<double>() / static_cast<double>(std::max<size_t>(loader.size(), 1));
+      const double it_s = bar.rate(), samples_s = bar.samples_rate();  // before the test pass
+      if (show) bar.finish();
       const double acc = accuracy(net, test_set);
-      r.epochs.push_back({e, train_loss, acc});
-      std::snprintf(buf, sizeof buf, "epoch %lld/%lld train_loss %.6f test_acc %.4f (%.1f it/s)",
-                    static_cast<long long>(e + 1), static_cast<long long>(o.epochs), train_loss, acc, bar.rate());
+      r.epochs.push_back({e, train_loss, acc, samples_s});
+      if (metrics)
+        metrics->log(global_step, e, {{"train_loss", train_loss}, {"test_accuracy", acc}, {"lr", o.lr},
+                                      {"samples_per_s", samples_s}});
+      std::snprintf(buf, sizeof buf, "epoch %lld/%lld train_loss %.6f test_acc %.4f (%.1f it/s, %.0f samples/s)",
+                    static_cast<long long>(e + 1), static_cast<long long>(o.epochs), train_loss, acc, it_s, samples_s);
       say(buf);
     }
   }

@@ -7,15 +7,16 @@
 //   3. numba's @njit pairwise loop on the CPU with accessor<double, 2>() and tg::parallel_for.
 // Without a GPU (or built without CUDA) only the CPU part runs.
 //
-//   custom_kernels [--n N]   (N: the pairwise size, default 4000)
+//   custom_kernels [--n N] [--device cpu|cuda]   (N: the pairwise size, default 4000; cpu: only the CPU part)
 #include <tapegrad/tapegrad.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
+
+#include "cli.h"
 
 #if defined(TG_WITH_CUDA) && defined(TG_EXAMPLE_NVCC_MATVEC)
 // From custom_kernels_matvec.cu (built by nvcc).
@@ -111,21 +112,21 @@ void pairwise(int64_t n) {
 
 int main(int argc, char** argv) {
   int64_t n = 4000;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--n") && i + 1 < argc) {
-      n = std::atoll(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: %s [--n N]\n", argv[0]);
-      return 2;
-    }
-  }
+  std::string device;
+  examples::App app{"User-written kernels (nvcc, NVRTC, elementwise, CPU accessor loop), each checked",
+                    "custom_kernels"};
+  app.add_option("--n", n, "the pairwise loop's size")->check(examples::kPositive);
+  examples::add_device_option(app, device, "cpu (only the CPU part) or cuda (gpu: cuda); default cuda if usable");
+  if (int rc = examples::parse(app, argc, argv); rc >= 0) return rc;
+  const auto picked = examples::pick_device(app, device);
+  if (!picked) return 2;
   try {
     pairwise(n);
-    if (tg::cuda::is_available()) {
+    if (picked->is_cuda()) {
       matvec_both_ways();
       vectorize_multiply();
     } else {
-      std::printf("no CUDA device: skipped the GPU kernels\n");
+      std::printf("on the CPU: skipped the GPU kernels\n");
     }
   } catch (const tg::Error& e) {
     std::fprintf(stderr, "custom_kernels: %s\n", e.what());

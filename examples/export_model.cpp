@@ -1,16 +1,28 @@
 // Export a model for inference: trace it, print the graph, save it, load it back
 // without the code that defined it, run it, and write an ONNX file for other
 // runtimes (ONNX Runtime, TensorRT, ...). CUDA when available, else the CPU.
+//
+//   export_model [--device cpu|cuda]
 #include <cstdio>
 #include <iostream>
+#include <string>
 #include <tapegrad/tapegrad.h>
+
+#include "cli.h"
 
 struct Net : tg::nn::Module {
   tg::Tensor forward(const tg::Tensor& x) override { return x * 2 + 1; }
 };
 
-int main() {
-  const tg::Device device = tg::cuda::is_available() ? tg::Device(tg::kCUDA) : tg::Device(tg::kCPU);
+int main(int argc, char** argv) {
+  std::string device_name;
+  examples::App app{"Trace, save, reload and run a model; write it as ONNX (into the working directory)",
+                    "export_model"};
+  examples::add_device_option(app, device_name);
+  if (int rc = examples::parse(app, argc, argv); rc >= 0) return rc;
+  const auto picked = examples::pick_device(app, device_name);
+  if (!picked) return 2;
+  const tg::Device device = *picked;
   std::cout << "device: " << device << "\n";
 
   Net net;

@@ -10,9 +10,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
+
+#include "cli.h"
 
 namespace {
 
@@ -23,33 +24,6 @@ struct Args {
   bool tf32 = false;
 };
 
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string s = argv[i];
-    auto next = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "matmul: %s needs a value\n", s.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (s == "--n")
-      a.n = std::atoll(next());
-    else if (s == "--device")
-      a.device = next();
-    else if (s == "--reps")
-      a.reps = std::atoi(next());
-    else if (s == "--tf32")
-      a.tf32 = true;
-    else {
-      std::fprintf(stderr, "usage: matmul [--n N] [--device cpu|cuda] [--reps R] [--tf32]\n");
-      std::exit(s == "--help" || s == "-h" ? 0 : 2);
-    }
-  }
-  return a;
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -57,12 +31,16 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  Args args = parse(argc, argv);
-  bool gpu = args.device.empty() ? tg::cuda::is_available() : args.device == "cuda";
-  if (gpu && !tg::cuda::is_available()) {
-    std::fprintf(stderr, "matmul: --device cuda asked for, but no CUDA device is available\n");
-    return 1;
-  }
+  Args args;
+  examples::App app{"An event-timed float32 matmul, checked against a float64 product", "matmul"};
+  app.add_option("--n", args.n, "matrix size (0: 8000 on the GPU, 1024 on the CPU)")->check(examples::kNonNegative);
+  examples::add_device_option(app, args.device);
+  app.add_option("--reps", args.reps, "timed repetitions after a warm-up run")->check(examples::kNonNegative);
+  app.add_flag("--tf32", args.tf32, "allow TF32 tensor cores (CUDA)");
+  if (int rc = examples::parse(app, argc, argv); rc >= 0) return rc;
+  const auto dev = examples::pick_device(app, args.device);
+  if (!dev) return 2;
+  const bool gpu = dev->is_cuda();
   const int64_t n = args.n > 0 ? args.n : (gpu ? 8000 : 1024);
   tg::set_allow_tf32(args.tf32);
   tg::manual_seed(0);

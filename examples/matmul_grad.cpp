@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "cli.h"
+
 namespace {
 
 struct Args {
@@ -23,31 +25,18 @@ struct Args {
   std::string device;
 };
 
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string s = argv[i];
-    if ((s == "--size" || s == "--n") && i + 1 < argc) {
-      a.n = std::atoll(argv[++i]);
-    } else if (s == "--device" && i + 1 < argc) {
-      a.device = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: matmul_grad [--size N] [--device cpu|cuda]\n");
-      std::exit(s == "--help" || s == "-h" ? 0 : 2);
-    }
-  }
-  return a;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
-  Args args = parse(argc, argv);
-  const bool gpu = args.device.empty() ? tg::cuda::is_available() : args.device == "cuda";
-  if (gpu && !tg::cuda::is_available()) {
-    std::fprintf(stderr, "matmul_grad: --device cuda asked for, but no CUDA device is available\n");
-    return 1;
-  }
+  Args args;
+  examples::App app{"The gradient of matmul(x, y).sum(), checked against its closed form", "matmul_grad"};
+  app.add_option("--size,--n", args.n, "matrix size (0: 8000 on the GPU, 512 on the CPU)")
+      ->check(examples::kNonNegative);
+  examples::add_device_option(app, args.device);
+  if (int rc = examples::parse(app, argc, argv); rc >= 0) return rc;
+  const auto picked = examples::pick_device(app, args.device);
+  if (!picked) return 2;
+  const bool gpu = picked->is_cuda();
   const int64_t n = args.n > 0 ? args.n : (gpu ? 8000 : 512);
   const tg::Device dev = gpu ? tg::Device(tg::kCUDA) : tg::Device(tg::kCPU);
   tg::manual_seed(0);

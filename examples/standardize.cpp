@@ -13,24 +13,20 @@
 #include <string>
 #include <vector>
 
+#include "cli.h"
+
 int main(int argc, char** argv) try {
   int64_t rows = 0;
   std::string device;
   int reps = 5;
-  for (int i = 1; i < argc; ++i) {
-    std::string s = argv[i];
-    if (s == "--rows" && i + 1 < argc)
-      rows = std::atoll(argv[++i]);
-    else if (s == "--device" && i + 1 < argc)
-      device = argv[++i];
-    else if (s == "--reps" && i + 1 < argc)
-      reps = std::atoi(argv[++i]);
-    else {
-      std::fprintf(stderr, "usage: standardize [--rows N] [--device cpu|cuda] [--reps R]\n");
-      return 2;
-    }
-  }
-  const bool gpu = device.empty() ? tg::cuda::is_available() : device == "cuda";
+  examples::App app{"Standardize the columns of a float32 matrix, (x - x.mean(0)) / x.std(0), timed", "standardize"};
+  app.add_option("--rows", rows, "rows (0: 1M on the GPU, 100k on the CPU)")->check(examples::kNonNegative);
+  examples::add_device_option(app, device);
+  app.add_option("--reps", reps, "timed repetitions after a warm-up run")->check(examples::kNonNegative);
+  if (int rc = examples::parse(app, argc, argv); rc >= 0) return rc;
+  const auto picked = examples::pick_device(app, device);
+  if (!picked) return 2;
+  const bool gpu = picked->is_cuda();
   if (rows <= 0) rows = gpu ? 1'000'000 : 100'000;
   const int64_t cols = 64;
   const tg::Device dev = gpu ? tg::Device(tg::kCUDA) : tg::Device(tg::kCPU);

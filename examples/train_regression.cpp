@@ -3,8 +3,11 @@
 // Sequential(Linear(64, 1)) trained with Adam on the MSE, the loss printed per
 // epoch, then a safetensors checkpoint.
 //
-//   train_regression [--cpu] [--rows N] [--epochs N] [--batch N] [--lr X]
+//   train_regression [--device cpu|cuda | --cpu] [--rows N] [--epochs N] [--batch N] [--lr X]
 //                    [--planted] [--out net.safetensors] [--cuda-graph]
+//
+// Without --device (or --cpu, its old spelling for cpu) it trains on CUDA when a device is usable
+// and says so when it falls back to the CPU.
 //
 // --planted makes y a noisy linear function of the features (so the loss falls
 // to ~0.01) instead of the seed's independent randn (loss stays near 1).
@@ -30,14 +33,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
+
+#include "cli.h"
 
 namespace {
 
 struct Args {
   bool cpu = false;
+  std::string device;
   int64_t rows = 1'000'000;
   int64_t epochs = 5;
   int64_t batch = 4096;
@@ -48,60 +52,12 @@ struct Args {
   bool cuda_graph = false;
 };
 
-[[noreturn]] void usage(const char* msg) {
-  std::fprintf(stderr,
-               "%s\nusage: train_regression [--cpu] [--rows N] [--epochs N] [--batch N] [--lr X] [--planted]\n"
-               "                        [--out FILE] [--init FILE --data FILE --order FILE] [--cuda-graph]\n",
-               msg);
-  std::exit(2);
-}
-
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(("missing value for " + k).c_str());
-      return argv[++i];
-    };
-    if (k == "--cpu")
-      a.cpu = true;
-    else if (k == "--planted")
-      a.planted = true;
-    else if (k == "--cuda-graph")
-      a.cuda_graph = true;
-    else if (k == "--rows")
-      a.rows = std::stoll(value());
-    else if (k == "--epochs")
-      a.epochs = std::stoll(value());
-    else if (k == "--batch")
-      a.batch = std::stoll(value());
-    else if (k == "--lr")
-      a.lr = std::stod(value());
-    else if (k == "--out")
-      a.out = value();
-    else if (k == "--init")
-      a.init = value();
-    else if (k == "--data")
-      a.data = value();
-    else if (k == "--order")
-      a.order = value();
-    else
-      usage(("unknown flag " + k).c_str());
-  }
-  if (a.rows <= 0 || a.epochs < 0 || a.batch <= 0) usage("--rows and --batch must be positive, --epochs >= 0");
-  if (a.cuda_graph && a.cpu) usage("--cuda-graph needs the GPU (drop --cpu)");
-  if (a.cuda_graph && !a.init.empty()) usage("--cuda-graph is not for parity mode");
-  return a;
-}
-
 void sync(tg::Device d) {
   if (d.is_cuda()) tg::cuda::synchronize();
 }
 
 // Parity mode: fixed weights, data and batch order; one line per step.
 int run_parity(const Args& a, tg::Device dev) {
-  if (a.data.empty() || a.order.empty()) usage("--init needs --data and --order too");
   tg::nn::Sequential net(tg::nn::Linear(64, 1));
   net.load_state_dict(tg::load(a.init));
   net.to(dev);
@@ -168,12 +124,33 @@ void train_graphed(const Args& a, tg::Device dev, const tg::Tensor& feat, const 
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args a = parse(argc, argv);
-  tg::Device dev = a.cpu ? tg::Device(tg::kCPU) : tg::Device(tg::kCUDA);
-  if (!a.cpu && !tg::cuda::is_available()) {
-    std::fprintf(stderr, "no CUDA device; running on the CPU (pass --cpu to say so)\n");
-    dev = tg::Device(tg::kCPU);
-  }
+  Args a;
+  examples::App app{"Standardize features, then train Linear(64, 1) on the MSE with Adam", "train_regression"};
+  examples::add_device_option(app, a.device);
+  app.add_flag("--cpu", a.cpu, "train on the CPU (the same as --device cpu)");
+  app.add_option("--rows", a.rows, "rows of 64 features")->check(examples::kPositive);
+  app.add_option("--epochs", a.epochs, "epochs")->check(examples::kNonNegative);
+  app.add_option("--batch", a.batch, "batch size")->check(examples::kPositive);
+  app.add_option("--lr", a.lr, "Adam learning rate")->check(examples::kPositive);
+  app.add_flag("--planted", a.planted, "targets a noisy linear function of the features (else randn)");
+  app.add_option("--out", a.out, "checkpoint (safetensors)");
+  app.add_option("--init", a.init, "parity mode: initial weights (safetensors '0.weight', '0.bias')");
+  app.add_option("--data", a.data, "parity mode: features and targets (safetensors 'x', 'y')");
+  app.add_option("--order", a.order, "parity mode: batch order (safetensors 'order', int64 [steps, batch])");
+  app.add_flag("--cuda-graph", a.cuda_graph, "capture an epoch into a CUDA graph and replay it");
+  if (int rc = examples::parse(app, argc, argv); rc >= 0) return rc;
+  if (a.cpu && !a.device.empty() && a.device != "cpu")
+    return examples::usage_error(app, "--cpu and --device " + a.device);
+  if (a.cpu) a.device = "cpu";
+  if (a.cuda_graph && a.device == "cpu") return examples::usage_error(app, "--cuda-graph needs the GPU");
+  if (a.cuda_graph && !a.init.empty()) return examples::usage_error(app, "--cuda-graph is not for parity mode");
+  if (!a.init.empty() && (a.data.empty() || a.order.empty()))
+    return examples::usage_error(app, "--init needs --data and --order too");
+  const auto picked = examples::pick_device(app, a.device);
+  if (!picked) return 2;
+  const tg::Device dev = *picked;
+  if (a.device.empty() && dev.is_cpu())
+    std::fprintf(stderr, "no CUDA device; running on the CPU (pass --device cpu to say so)\n");
   try {
     if (!a.init.empty()) return run_parity(a, dev);
 

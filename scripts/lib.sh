@@ -10,6 +10,8 @@ JOBS="${JOBS:-2}"
 TG_DEB_PACKAGES=(cmake g++ ninja-build ccache libeigen3-dev libgtest-dev libgmock-dev
                  libbenchmark-dev nlohmann-json3-dev libfmt-dev clang-16 libclang-rt-16-dev
                  libcli11-dev)
+# What scripts/demo needs: the library and the examples, no tests, benchmarks or Python modules.
+TG_DEMO_DEB_PACKAGES=(cmake g++ ninja-build ccache libeigen3-dev nlohmann-json3-dev libcli11-dev)
 
 tg_log() { printf '\n==> %s\n' "$*" >&2; }
 tg_die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -25,12 +27,18 @@ tg_as_root() {
   fi
 }
 
-# Installs the Debian packages that are missing, with one `apt-get update` first; does
-# nothing (and touches no network) when everything is already installed.
+# Everything scripts/test needs: the Python modules of the interop and export tests, then the
+# Debian packages given (tg_ensure_deb_packages).
 tg_ensure_packages() {
-  local pkgs=("$@") missing=() p
   tg_ensure_python_modules
   tg_ensure_python_onnx
+  tg_ensure_deb_packages "$@"
+}
+
+# Installs the Debian packages that are missing, with one `apt-get update` first; does
+# nothing (and touches no network) when everything is already installed.
+tg_ensure_deb_packages() {
+  local pkgs=("$@") missing=() p
   if ! command -v dpkg-query >/dev/null 2>&1; then
     tg_log "not a Debian system: skipping package installation (need: ${pkgs[*]})"
     return 0

@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -149,6 +151,138 @@ TEST_P(ClassifyExample, ParityModeFirstLossMatchesAFloat64Reference) {
   EXPECT_NEAR(r.step_losses[0], total / 4, 1e-5 * total / 4);
   EXPECT_TRUE(std::isfinite(r.step_losses[1]));
   EXPECT_NE(r.step_losses[1], r.step_losses[0]);  // Adam moved the weights
+}
+
+// Gradient accumulation: K micro-batches of B/K rows (each loss weighted by its share) take the
+// same optimizer steps as one batch of B rows, including the epoch's short last batch (450 rows:
+// 14 batches of 32 and one of 2), so after two epochs the weights agree to float rounding.
+TEST(ClassifyAccumulation, MicroBatchesGiveTheSameWeightsAsOneBatch) {
+  const fs::path d = fs::temp_directory_path() / ("tg_classify_accum_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  tg::manual_seed(11);
+  std::vector<int64_t> labels(600);
+  for (int i = 0; i < 600; ++i) labels[static_cast<size_t>(i)] = i % 3;
+  const Tensor y = tg::tensor(labels);
+  const Tensor x = (tg::index_select(tg::randn({3, 8}) * 2.0, 0, y) + tg::randn({600, 8}) * 0.5).contiguous();
+  tg::save_npy(x, (d / "X.npy").string());
+  tg::save_npy(y, (d / "y.npy").string());
+  auto train = [&](int64_t k) {
+    const std::string ck = (d / ("ck" + std::to_string(k) + ".safetensors")).string();
+    classify::Options o{.x = (d / "X.npy").string(), .y = (d / "y.npy").string(), .test_size = 0.25, .hidden = 16,
+                        .epochs = 2, .batch = 32, .lr = 1e-2, .seed = 4, .out = ck, .progress = false,
+                        .accum_steps = k};
+    classify::Result r = classify::train(o);
+    return std::make_pair(std::move(r), tg::load(ck));
+  };
+  const auto [r1, w1] = train(1);
+  for (int64_t k : {2, 4, 8}) {
+    const auto [rk, wk] = train(k);
+    for (const char* name : {"0.weight", "0.bias", "2.weight", "2.bias"}) {
+      const auto a = tg::testing::host(w1.at(name)), b = tg::testing::host(wk.at(name));
+      ASSERT_EQ(a.size(), b.size());
+      double worst = 0, scale = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        worst = std::max(worst, std::abs(a[i] - b[i]));
+        scale = std::max(scale, std::abs(a[i]));
+      }
+      EXPECT_LE(worst, 2e-5 * std::max(scale, 1.0)) << "K = " << k << ", " << name;
+    }
+    for (size_t e = 0; e < 2; ++e)
+      EXPECT_NEAR(rk.epochs[e].train_loss, r1.epochs[e].train_loss, 1e-5) << "K = " << k;
+  }
+  // The weights moved: a check that the comparison is not of two untrained nets.
+  const auto [r0, w0] = [&] {
+    classify::Options o{.x = (d / "X.npy").string(), .y = (d / "y.npy").string(), .test_size = 0.25, .hidden = 16,
+                        .epochs = 0, .batch = 32, .lr = 1e-2, .seed = 4, .out = (d / "ck0.safetensors").string(),
+                        .progress = false};
+    classify::Result r = classify::train(o);
+    return std::make_pair(std::move(r), tg::load((d / "ck0.safetensors").string()));
+  }();
+  EXPECT_GT((w0.at("0.weight") - w1.at("0.weight")).abs().max().item<double>(), 1e-3);
+  classify::Options bad{.x = (d / "X.npy").string(), .y = (d / "y.npy").string(), .batch = 32, .progress = false,
+                        .accum_steps = 3};
+  EXPECT_THROW(classify::train(bad), tg::Error);
+  fs::remove_all(d);
+}
+
+// The accumulated gradient itself (SGD would show a wrong weighting; Adam, above, is blind to a
+// uniform scale): k micro-batches of a batch of 30 rows (full, and split unevenly for k = 4 and 7)
+// against the whole batch's gradient and against a float64 cross-entropy gradient of the last layer.
+TEST(ClassifyAccumulation, MicroBatchGradientsSumToTheBatchGradient) {
+  tg::manual_seed(2);
+  tg::nn::Sequential net = classify::make_model(5, 7, 3);
+  const Tensor x = tg::randn({30, 5});
+  std::vector<int64_t> labels(30);
+  for (int i = 0; i < 30; ++i) labels[static_cast<size_t>(i)] = (i * 7) % 3;
+  const Tensor y = tg::tensor(labels);
+  auto grads = [&](int64_t k, double* loss) {
+    for (auto& p : net.parameters()) p.mutable_grad() = Tensor();
+    *loss = classify::backward_in_micro_batches(net, x, y, k).item<double>();
+    std::vector<std::vector<double>> g;
+    for (auto& p : net.parameters()) g.push_back(tg::testing::host(p.grad()));
+    return g;
+  };
+  double l1 = 0;
+  const auto g1 = grads(1, &l1);
+  // float64 reference for the last layer's bias gradient: mean over rows of softmax - onehot.
+  {
+    tg::NoGradGuard ng;
+    const auto logits = tg::testing::host(net(x));
+    std::vector<double> ref(3, 0.0);
+    double ref_loss = 0;
+    for (int i = 0; i < 30; ++i) {
+      double mx = -1e300, se = 0;
+      for (int c = 0; c < 3; ++c) mx = std::max(mx, logits[i * 3 + c]);
+      for (int c = 0; c < 3; ++c) se += std::exp(logits[i * 3 + c] - mx);
+      for (int c = 0; c < 3; ++c) ref[c] += (std::exp(logits[i * 3 + c] - mx) / se - (labels[i] == c)) / 30.0;
+      ref_loss += (mx + std::log(se) - logits[i * 3 + labels[i]]) / 30.0;
+    }
+    EXPECT_NEAR(l1, ref_loss, 1e-5);
+    for (int c = 0; c < 3; ++c) EXPECT_NEAR(g1[3][c], ref[c], 1e-6) << c;  // parameters(): 0.w, 0.b, 2.w, 2.b
+  }
+  for (int64_t k : {2, 3, 4, 7, 30}) {
+    double lk = 0;
+    const auto gk = grads(k, &lk);
+    EXPECT_NEAR(lk, l1, 1e-6) << "k = " << k;
+    ASSERT_EQ(gk.size(), g1.size());
+    for (size_t p = 0; p < g1.size(); ++p)
+      for (size_t i = 0; i < g1[p].size(); ++i) ASSERT_NEAR(gk[p][i], g1[p][i], 1e-6) << "k = " << k << " p " << p;
+  }
+}
+
+// --metrics: one record per epoch holding what train() reports.
+TEST(ClassifyMetrics, OneRecordPerEpochWithTheReportedValues) {
+  const fs::path d = fs::temp_directory_path() / ("tg_classify_metrics_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  const std::string log = (d / "m.csv").string();
+  classify::Options o{.test_size = 0.2, .hidden = 16, .epochs = 3, .batch = 50, .lr = 5e-3, .progress = false,
+                      .synthetic = 500, .metrics = log};
+  const classify::Result r = classify::train(o);
+  EXPECT_EQ(r.num_classes, 10);
+  EXPECT_EQ(r.features, 64);
+  EXPECT_EQ(r.train_rows, 400);
+  std::ifstream in(log);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "step,epoch,time,train_loss,test_accuracy,lr,samples_per_s");
+  for (int e = 0; e < 3; ++e) {
+    ASSERT_TRUE(std::getline(in, line));
+    std::vector<double> c;
+    std::stringstream ss(line);
+    for (std::string cell; std::getline(ss, cell, ',');) c.push_back(std::stod(cell));
+    ASSERT_EQ(c.size(), 7u) << line;
+    EXPECT_EQ(c[0], 8.0 * (e + 1));  // 400 rows / 50
+    EXPECT_EQ(c[1], e);
+    EXPECT_EQ(c[3], r.epochs[static_cast<size_t>(e)].train_loss);  // exact: round-trip printing
+    EXPECT_EQ(c[4], r.epochs[static_cast<size_t>(e)].test_accuracy);
+    EXPECT_EQ(c[5], 5e-3);
+    EXPECT_EQ(c[6], r.epochs[static_cast<size_t>(e)].samples_per_s);
+    EXPECT_GT(c[6], 0.0);
+  }
+  EXPECT_FALSE(std::getline(in, line));
+  // An existing log is not overwritten.
+  EXPECT_THROW(classify::train(o), tg::Error);
+  fs::remove_all(d);
 }
 
 TEST(ClassifyExampleErrors, BadInputsAreErrors) {

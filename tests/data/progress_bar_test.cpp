@@ -84,6 +84,39 @@ TEST(ProgressBar, UnknownTotalAndNoBar) {
   EXPECT_EQ(bar.line().find("ETA"), std::string::npos);
 }
 
+TEST(ProgressBar, SamplesPerSecondFromBatchSizeAndShortLastBatch) {
+  std::ostringstream os;
+  double t = 0.0;
+  ProgressBar bar(3, {.out = &os, .tty = false, .print_every = 1, .width = 0, .clock = [&] { return t; },
+                      .batch_size = 64});
+  bar.start_epoch(0);
+  t = 0.5;
+  bar.update(2.0);  // 64 samples in 0.5 s
+  t = 1.0;
+  bar.update(1.0);  // 128 in 1 s
+  t = 2.0;
+  bar.update(0.0, 1, 32);  // a short last batch: 160 samples in 2 s
+  EXPECT_DOUBLE_EQ(bar.samples_rate(), 80.0);
+  EXPECT_EQ(lines(os.str()), (std::vector<std::string>{
+                                 "epoch 1 1/3 2.0 it/s 128 samples/s loss 2.0000 ETA 00:01",
+                                 "epoch 1 2/3 2.0 it/s 128 samples/s loss 1.5000 ETA 00:01",
+                                 "epoch 1 3/3 1.5 it/s 80 samples/s loss 1.0000 ETA 00:00",
+                             }));
+  bar.start_epoch(1);  // the count restarts with the epoch
+  t = 4.0;
+  bar.update();
+  EXPECT_DOUBLE_EQ(bar.samples_rate(), 32.0);
+  // Without batch_size, a sample count given to update() turns samples/s on.
+  ProgressBar plain(2, {.out = &os, .tty = false, .clock = [&] { return t; }});
+  plain.start_epoch(0);
+  EXPECT_EQ(plain.line().find("samples/s"), std::string::npos);
+  t = 5.0;
+  plain.update(std::nullopt, 1, 10);
+  EXPECT_NE(plain.line().find(" 10 samples/s"), std::string::npos) << plain.line();
+  EXPECT_THROW(plain.update(std::nullopt, 1, -2), tg::Error);
+  EXPECT_THROW(ProgressBar(3, {.batch_size = -1}), tg::Error);
+}
+
 TEST(ProgressBar, DurationFormatAndBadArguments) {
   EXPECT_EQ(tg::data::format_duration(0), "00:00");
   EXPECT_EQ(tg::data::format_duration(59.4), "00:59");
