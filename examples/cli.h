@@ -1,4 +1,4 @@
-// The examples' command lines: CLI11 (Debian's libcli11-dev, or the copy in third_party/CLI11),
+// The examples' command lines: CLI11 (Debian's libcli11-dev, or its headers in .deps/CLI11/include),
 // with the same behaviour in every program:
 //   - --help prints the options and exits 0;
 //   - a bad option or value prints what was wrong and the usage, and exits 2;
