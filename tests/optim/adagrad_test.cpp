@@ -84,7 +84,7 @@ TEST(Adagrad, Validation) {
   auto q = tg::randn({2}).requires_grad_();
   expect_error([&] { opt.add_param_group({{q}, {.lr_decay = -1}}); }, "lr_decay");
   auto sd = opt.state_dict();
-  sd["param_groups.0.initial_accumulator_value"] = tg::full({}, -1.0, kFloat64);
+  sd.insert("param_groups.0.initial_accumulator_value", tg::full({}, -1.0, kFloat64));
   expect_error([&] { opt.load_state_dict(sd); }, "initial_accumulator_value");
   EXPECT_EQ(opt.param_groups()[0].options.initial_accumulator_value, 0.0);
 }
@@ -111,7 +111,7 @@ void check_state_at_construction(Device dev) {
   auto sd = opt.state_dict();
   for (const char* k : {"state.0.step", "state.0.sum", "state.1.step", "state.1.sum", "param_groups.1.lr_decay",
                         "param_groups.1.initial_accumulator_value", "param_groups.0.eps", "param_groups.0.maximize"})
-    EXPECT_TRUE(sd.count(k)) << k;
+    EXPECT_TRUE(sd.contains(k)) << k;
 
   // One step with gradient 2: sum = init + 4, p -= lr * 2 / (sqrt(sum) + eps).
   auto c = tg::zeros({2}).to(dev).requires_grad_();

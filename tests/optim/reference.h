@@ -270,7 +270,7 @@ inline void check_state_dict_continues(Device dev, const MakeOptimizer& make_opt
     opt->step();
   }
   optim::OptimizerStateDict saved;
-  for (const auto& [k, v] : opt->state_dict()) saved[k] = v.cpu().clone();
+  for (const auto& [k, v] : opt->state_dict()) saved.insert(k, v.cpu().clone());
   std::vector<Tensor> copies;
   for (auto& p : params) copies.push_back(p.detach().clone().requires_grad_());
   auto other = make_other(copies);
