@@ -172,6 +172,15 @@ std::vector<Case> cases() {
                  y.t().select(0, 3).sigmoid_();  // last: it saves its result (the storage's version)
                  return y * y;
                }});
+  c.push_back({"masked_fill_, index_add_, exp_, relu_ on views", two({4, 3}, {2, 4}), [](const Inputs& v) {
+                 Tensor mask = tg::tensor<bool>({false, true, true}, {3}, TensorOptions(kBool).device(v[0].device()));
+                 Tensor index = tg::tensor<int64_t>({1, 1}, TensorOptions(kInt64).device(v[0].device()));
+                 Tensor y = v[0] * 1.0;
+                 y.slice(0, 1, 3).masked_fill_(mask, 0.5);
+                 y.t().index_add_(0, index, v[1], -2.0);  // row 1 of y.t(): column 1 of y
+                 y.select(1, 2).exp_();
+                 return y * v[0];
+               }});
   c.push_back({"a view taken before its base changed in place", two({3, 4}, {3, 4}), [](const Inputs& v) {
                  Tensor y = v[0] * 1.0;
                  Tensor row = y.select(0, 2);
@@ -428,6 +437,20 @@ TEST(InPlaceGraph, NoGradFastPathLeavesTheGraphAlone) {
   EXPECT_EQ(y.version(), v0 + 3);
   y.sum().backward();  // mul saved nothing of y: the old history still runs
   expect_near_vec(host(x.grad()), {2, 2, 2, 2}, 0, 0, "x.grad");
+}
+
+TEST(InPlaceGraph, CopySlicesWithRetainGraphAndWithout) {
+  Tensor x = leaf({1, 2, 3, 4}, {2, 2});
+  Tensor w = leaf({3, -1}, {2});
+  Tensor y = x * 2;
+  y.select(0, 1).mul_(w);
+  Tensor loss = (y * y).sum();
+  loss.backward({}, {.retain_graph = true});
+  loss.backward();
+  // y = [[2, 4], [6 * 3, 8 * -1]]; dloss/dy = 2y; twice.
+  expect_near_vec(host(x.grad()), {2 * 8, 2 * 16, 2 * 216, 2 * 32}, 1e-12, 0, "x.grad");
+  expect_near_vec(host(w.grad()), {2 * 216, 2 * -128}, 1e-12, 0, "w.grad (2 y old_y)");
+  expect_has(error_of([&] { loss.backward(); }), "backward through the graph a second time");
 }
 
 TEST(InPlaceGraph, RetainGradFollowsTheTensor) {
