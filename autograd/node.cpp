@@ -254,7 +254,8 @@ void set_history(const Tensor& t, std::shared_ptr<Node> node) {
 // A view's history as its region of its base's current history (PyTorch's AsStridedBackward).
 std::shared_ptr<Node> view_of_base_node(const Tensor& base, const Tensor& view) {
   auto n = std::make_shared<FunctionNode>(
-      "as_strided", [b = Geometry(base), v = Geometry(view)](const Tensor& g, const FunctionNode&) -> std::vector<Tensor> {
+      "as_strided",
+      [b = Geometry(base), v = Geometry(view)](const Tensor& g, const FunctionNode&) -> std::vector<Tensor> {
         return {view_grad_to_base(b, v, g)};
       });
   n->next_edges.push_back(current_edge(base));

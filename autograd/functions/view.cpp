@@ -72,7 +72,8 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
 Tensor Tensor::t() const {
   TG_CHECK(dim() <= 2, "t: expects a tensor with <= 2 dims, got shape ", sizes());
   if (dim() < 2) {
-    Tensor out = autograd::mark_view(*this, native::make_view(*this, sizes(), strides(), storage_offset()));  // itself, as torch
+    // itself, as torch
+    Tensor out = autograd::mark_view(*this, native::make_view(*this, sizes(), strides(), storage_offset()));
     TG_TRACE(Alias, out, {*this}, {});
     return reshape_back("t", *this, std::move(out));
   }

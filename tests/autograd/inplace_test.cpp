@@ -128,7 +128,8 @@ std::vector<Case> cases() {
                  return y * v[0];
                }});
   c.push_back({"masked_fill_ (broadcast mask)", one({3, 4}), [](const Inputs& v) {
-                 Tensor mask = tg::tensor<bool>({true, false, false, true}, {4}, TensorOptions(kBool).device(v[0].device()));
+                 Tensor mask =
+                     tg::tensor<bool>({true, false, false, true}, {4}, TensorOptions(kBool).device(v[0].device()));
                  Tensor y = v[0] * 1.0;
                  y.masked_fill_(mask, 2.0);
                  return y * v[0];
