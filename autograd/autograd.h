@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -83,9 +84,17 @@ struct AutogradMeta {
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false);
 
-// Called by the in-place ops (add_, mul_, ...): throws tg::Error when grad mode is
-// on and `self` takes part in autograd, because the graph may need its old values.
-void check_inplace(const Tensor& self, const char* op);
+namespace detail {
+bool check_inplace_recorded(const Tensor& self, const char* op, std::initializer_list<const Tensor*> others);
+}  // namespace detail
+// Called by the in-place ops (add_, mul_, ...) before they write: true when the op must be
+// recorded (grad mode on and self or an operand takes part in autograd). Throws tg::Error, as
+// PyTorch, for a leaf that requires grad, a view of one, and a view made in no-grad mode.
+// With grad mode off: one thread-local read, false.
+template <typename... Others>
+bool check_inplace(const Tensor& self, const char* op, const Others&... others) {
+  return GradMode::is_enabled() && detail::check_inplace_recorded(self, op, {&others...});
+}
 
 // ---- gradcheck: central differences in float64 against backward.
 struct GradcheckOptions {

@@ -270,6 +270,7 @@ const Tensor& Tensor::requires_grad_(bool requires_grad) const {
 bool Tensor::requires_grad() const { return autograd::requires_grad(*this); }
 
 bool Tensor::is_leaf() const {
+  autograd::sync_view_history(*this);  // a view's history follows in-place changes of its base
   const auto& m = impl().autograd;
   return !m || !m->grad_fn;
 }
@@ -299,6 +300,7 @@ void Tensor::backward(const Tensor& gradient, BackwardOptions options) const {
 }
 
 std::shared_ptr<autograd::Node> Tensor::grad_fn() const {
+  autograd::sync_view_history(*this);
   const auto& m = impl().autograd;
   return m ? m->grad_fn : nullptr;
 }

@@ -13,9 +13,20 @@
 
 namespace tg::autograd {
 
+// A view whose storage changed version since its history was last made current may have a stale
+// grad_fn (its base, or another view of it, was modified in place): refresh_view rebuilds it as
+// PyTorch does, the view's region of its base's current history (node.cpp).
+void refresh_view(const Tensor& t);
+inline void sync_view_history(const Tensor& t) {
+  const TensorImpl& i = t.impl();
+  if (i.view_base && i.view_version != i.storage->version()) [[unlikely]]
+    refresh_view(t);
+}
+
 // True when t takes part in autograd (a leaf that requires grad or a graph output).
 inline bool requires_grad(const Tensor& t) {
   if (!t.defined()) return false;
+  sync_view_history(t);
   const auto& m = t.impl().autograd;
   return m && (m->requires_grad || m->grad_fn);
 }
@@ -103,5 +114,16 @@ Tensor finish_to(const Tensor& src, Tensor out);
 
 // A detached alias of t sharing storage (for detach() and saved tensors).
 Tensor alias(const Tensor& t);
+
+// ---- in-place ops (node.cpp)
+// Records the in-place op `name` that has just overwritten self (after check_inplace said to
+// record and after the version bump): a node running fn, whose inputs are self's previous value
+// and `others`, becomes self's history; for a view (TensorImpl::view_base) it is wrapped in a
+// CopySlices node that becomes the base's history, and the view's own history becomes its region
+// of that (PyTorch's rebase_history). A backward that reads the result saves it before this call.
+void rebase_history(const char* name, const Tensor& self, std::initializer_list<Tensor> others, BackwardFn fn);
+// Notes on a view that a public view method just made from `input` (if it shares its storage):
+// its base and version, and the grad mode (see TensorImpl::view_base). Returns out.
+Tensor mark_view(const Tensor& input, Tensor out);
 
 }  // namespace tg::autograd

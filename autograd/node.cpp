@@ -1,6 +1,9 @@
 // Graph building blocks: grad mode, nodes and their iterative release, saved
-// tensors with the in-place version check, the leaves' AccumulateGrad, and
-// record(), which every differentiable op calls after its forward.
+// tensors with the in-place version check, the leaves' AccumulateGrad,
+// record(), which every differentiable op calls after its forward, and the
+// recording of in-place ops (rebase_history, CopySlices, views' histories).
+#include <algorithm>
+#include <utility>
 #include <vector>
 
 #include <tapegrad/autograd/accumulate_grad.h>
@@ -65,7 +68,9 @@ SavedTensor::SavedTensor(const Tensor& t, const char* op) : op_(op) {
 Tensor SavedTensor::unpack() const {
   if (data_.defined()) {
     TG_CHECK(data_.version() == version_, op_, ": a tensor saved for backward (shape ", data_.sizes(),
-             ") was modified in place (version ", data_.version(), ", expected ", version_, ")");
+             ") was modified in place (version ", data_.version(), ", expected ", version_,
+             "): one of the variables needed for gradient computation has been modified by an inplace "
+             "operation; use the out-of-place op, or clone() the tensor before changing it");
   }
   return data_;
 }
@@ -159,12 +164,175 @@ Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor out, B
   return record_impl(name, inputs, std::move(out), std::move(fn));
 }
 
-void check_inplace(const Tensor& self, const char* op) {
-  if (!GradMode::is_enabled() || !requires_grad(self)) return;
-  const bool leaf = !self.impl().autograd->grad_fn;
-  TG_ERROR(op, ": in-place operation on a tensor of shape ", self.sizes(), " that requires grad (",
-           leaf ? "a leaf" : "an output of the graph",
-           "); autograd may need its old values. Use the out-of-place op, or wrap the update in tg::NoGradGuard");
+// ---- in-place ops on tensors in a graph (PyTorch's rebase_history and CopySlices)
+namespace {
+struct Geometry {
+  Shape sizes, strides;
+  int64_t offset = 0;
+  explicit Geometry(const Tensor& t) : sizes(t.sizes()), strides(t.strides()), offset(t.storage_offset()) {}
+};
+
+// An uninitialised tensor laid out as `base` and its sub-tensor at the place `view` has in base's storage.
+std::pair<Tensor, Tensor> base_and_region(const Geometry& base, const Geometry& view, DType dtype, Device device) {
+  Tensor r = native::empty_strided(base.sizes, base.strides, dtype, device);
+  Tensor region = native::make_view(r, view.sizes, view.strides, r.storage_offset() + view.offset - base.offset);
+  return {std::move(r), std::move(region)};
+}
+
+// The gradient of a view's region, g, as a gradient of its base: zeros outside the region. Dims the
+// view broadcasts (stride 0, as expand) sum their gradient first.
+Tensor view_grad_to_base(const Geometry& base, Geometry view, Tensor g) {
+  std::vector<int64_t> bcast;
+  for (size_t d = 0; d < view.sizes.size(); ++d)
+    if (view.strides[d] == 0 && view.sizes[d] > 1) {
+      bcast.push_back(static_cast<int64_t>(d));
+      view.sizes[d] = 1;
+    }
+  if (!bcast.empty()) g = native::reduce(backend::ReduceOp::Sum, g, DimList(std::move(bcast)), true);
+  auto [r, region] = base_and_region(base, view, g.dtype(), g.device());
+  native::fill_(r, 0);
+  native::copy_(region, g);
+  return r;
+}
+
+// The history of a base after an in-place op on one of its views: the base-shaped gradient with the
+// view's region replaced by what the op's backward (fn) gives for that region; the op's other
+// inputs get fn's other gradients.
+class CopySlices final : public Node {
+ public:
+  CopySlices(const Tensor& base, const Tensor& view, std::shared_ptr<FunctionNode> fn, Edge base_edge)
+      : base_(base), view_(view), fn_(std::move(fn)) {
+    next_edges = fn_->next_edges;
+    next_edges.at(0) = std::move(base_edge);
+    add_input_meta(base);
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    const Tensor& g = grads.at(0);
+    auto [result, region] = base_and_region(base_, view_, g.dtype(), g.device());
+    native::copy_(result, g);
+    std::vector<Tensor> res = fn_->apply({native::clone(region)});
+    std::vector<Tensor> out(next_edges.size());
+    if (needs_input_grad(0)) {
+      if (res.at(0).defined()) native::copy_(region, res[0]);
+      else native::fill_(region, 0);
+      out[0] = std::move(result);
+    }
+    for (size_t i = 1; i < out.size() && i < res.size(); ++i) out[i] = std::move(res[i]);
+    return out;
+  }
+  const char* name() const override { return "CopySlices"; }
+  void release_saved() override { fn_->release_saved(); }
+
+ private:
+  Geometry base_, view_;
+  std::shared_ptr<FunctionNode> fn_;
+};
+
+// t's edge from its autograd state as it is (check_inplace brought views up to date before the write).
+Edge current_edge(const Tensor& t) {
+  if (!t.defined()) return {};
+  const auto& m = t.impl().autograd;
+  return m && (m->requires_grad || m->grad_fn) ? gradient_edge(t) : Edge{};
+}
+
+// Makes node t's history; a retain_grad() follows the tensor to it, as in PyTorch.
+void set_history(const Tensor& t, std::shared_ptr<Node> node) {
+  auto& m = t.impl().autograd;
+  if (!m) m = std::make_shared<AutogradMeta>();
+  if (m->retain_grad) {
+    if (m->grad_fn) {
+      auto& r = m->grad_fn->retained;
+      r.erase(std::remove_if(r.begin(), r.end(), [&](const auto& e) { return e.second.lock() == t.impl_ptr(); }),
+              r.end());
+    }
+    node->retained.emplace_back(0, t.impl_ptr());
+  }
+  m->grad_fn = std::move(node);
+  m->output_nr = 0;
+}
+
+// A view's history as its region of its base's current history (PyTorch's AsStridedBackward).
+std::shared_ptr<Node> view_of_base_node(const Tensor& base, const Tensor& view) {
+  auto n = std::make_shared<FunctionNode>(
+      "as_strided",
+      [b = Geometry(base), v = Geometry(view)](const Tensor& g, const FunctionNode&) -> std::vector<Tensor> {
+        return {view_grad_to_base(b, v, g)};
+      });
+  n->next_edges.push_back(current_edge(base));
+  n->add_input_meta(view);
+  return n;
+}
+}  // namespace
+
+Tensor mark_view(const Tensor& input, Tensor out) {
+  const TensorImpl& in = input.impl();
+  TensorImpl& o = out.impl();
+  if (&o == &in || o.storage != in.storage) return out;  // not a view (a reshape that copied)
+  o.view_base = in.view_base ? in.view_base : input.impl_ptr();
+  o.view_version = in.storage->version();
+  o.view_no_grad = in.view_no_grad || !GradMode::is_enabled();
+  return out;
+}
+
+void refresh_view(const Tensor& t) {
+  TensorImpl& v = t.impl();
+  auto& m = v.autograd;
+  const uint32_t now = v.storage->version();
+  if (v.view_no_grad || (m && m->requires_grad && !m->grad_fn)) {  // no history that follows the base
+    v.view_version = now;
+    return;
+  }
+  const Tensor base(v.view_base);
+  const auto& bm = base.impl().autograd;
+  if (!bm || (!bm->requires_grad && !bm->grad_fn)) {
+    if (m && m->grad_fn) v.view_version = now;  // the base left autograd: keep what the view has
+    return;  // else, as PyTorch, looked at again until the base takes part in autograd
+  }
+  set_history(t, view_of_base_node(base, t));
+  v.view_version = now;
+}
+
+bool detail::check_inplace_recorded(const Tensor& self, const char* op, std::initializer_list<const Tensor*> others) {
+  bool any = requires_grad(self);  // also brings each view's history up to date
+  for (const Tensor* o : others) any = requires_grad(*o) || any;
+  if (!any) return false;
+  const TensorImpl& s = self.impl();
+  if (s.view_base) {
+    TG_CHECK(!s.view_no_grad, op, ": a view (shape ", self.sizes(), ") was created in no_grad mode and is being "
+             "modified inplace with grad mode enabled; make the view and the in-place op both inside the "
+             "tg::NoGradGuard scope (not recorded) or both outside it (recorded)");
+    const auto& bm = s.view_base->autograd;
+    TG_CHECK(!(bm && bm->requires_grad && !bm->grad_fn), op, ": a view of a leaf Variable that requires grad is "
+             "being used in an in-place operation (view of shape ", self.sizes(), ", leaf of shape ",
+             s.view_base->sizes, "); wrap the update in tg::NoGradGuard or use the out-of-place op");
+  }
+  const auto& m = s.autograd;
+  TG_CHECK(!(m && m->requires_grad && !m->grad_fn), op, ": a leaf Variable that requires grad is being used in an "
+           "in-place operation (shape ", self.sizes(), "); wrap the update in tg::NoGradGuard or use the "
+           "out-of-place op");
+  for (size_t d = 0; d < s.sizes.size(); ++d)
+    TG_CHECK(s.strides[d] != 0 || s.sizes[d] <= 1, op, ": unsupported operation: more than one element of the "
+             "written-to tensor (shape ", self.sizes(), ", strides ", self.strides(), ") refers to a single memory "
+             "location; clone() it before the in-place op");
+  return true;
+}
+
+void rebase_history(const char* name, const Tensor& self, std::initializer_list<Tensor> others, BackwardFn fn) {
+  if (!is_floating(self.dtype())) return;
+  auto node = std::make_shared<FunctionNode>(name, std::move(fn));
+  node->next_edges.reserve(others.size() + 1);
+  node->next_edges.push_back(current_edge(self));
+  for (const Tensor& o : others) node->next_edges.push_back(current_edge(o));
+  node->add_input_meta(self);
+  TensorImpl& s = self.impl();
+  if (!s.view_base) {
+    set_history(self, std::move(node));
+    return;
+  }
+  const Tensor base(s.view_base);
+  set_history(base, std::make_shared<CopySlices>(base, self, std::move(node), current_edge(base)));
+  set_history(self, view_of_base_node(base, self));
+  s.view_version = s.storage->version();
 }
 
 }  // namespace tg::autograd

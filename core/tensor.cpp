@@ -1,5 +1,4 @@
-// Tensor methods that forward to the public ops, raw data access, and the
-// in-place ops (not differentiable; they bump the version counter).
+// Tensor methods that forward to the public ops, and raw data access.
 #include <tapegrad/core/tensor.h>
 
 #include <cstring>
@@ -119,79 +118,7 @@ Tensor Tensor::argmax() const { return tg::argmax(*this); }
 Tensor Tensor::argmax(int64_t d, bool k) const { return tg::argmax(*this, d, k); }
 Tensor Tensor::matmul(const Tensor& o) const { return tg::matmul(*this, o); }
 
-// ---- in place
-namespace {
-const Tensor& finish_inplace(const Tensor& t) {
-  t.impl().storage->bump_version();
-  return t;
-}
-}  // namespace
-
-const Tensor& Tensor::add_(const Tensor& o, Scalar alpha) const {
-  autograd::check_inplace(*this, "add_");
-  native::binary_out(ElemOp::Add, *this, *this, o, alpha.to_double());
-  return finish_inplace(*this);
-}
-const Tensor& Tensor::add_(Scalar o) const {
-  autograd::check_inplace(*this, "add_");
-  native::scalar_op_out(ElemOp::AddScalar, *this, *this, o);
-  return finish_inplace(*this);
-}
-const Tensor& Tensor::sub_(const Tensor& o, Scalar alpha) const {
-  autograd::check_inplace(*this, "sub_");
-  native::binary_out(ElemOp::Sub, *this, *this, o, alpha.to_double());
-  return finish_inplace(*this);
-}
-const Tensor& Tensor::sub_(Scalar o) const {
-  autograd::check_inplace(*this, "sub_");
-  // Integral negation wraps (-INT64_MIN is INT64_MIN), as the integer kernels do.
-  Scalar neg = o.is_integral() ? Scalar(static_cast<long long>(0ULL - static_cast<uint64_t>(o.to_int())))
-                               : Scalar(-o.to_double());
-  native::scalar_op_out(ElemOp::AddScalar, *this, *this, neg);
-  return finish_inplace(*this);
-}
-const Tensor& Tensor::mul_(const Tensor& o) const {
-  autograd::check_inplace(*this, "mul_");
-  native::binary_out(ElemOp::Mul, *this, *this, o);
-  return finish_inplace(*this);
-}
-const Tensor& Tensor::mul_(Scalar o) const {
-  autograd::check_inplace(*this, "mul_");
-  native::scalar_op_out(ElemOp::MulScalar, *this, *this, o);
-  return finish_inplace(*this);
-}
-const Tensor& Tensor::div_(const Tensor& o) const {
-  autograd::check_inplace(*this, "div_");
-  TG_CHECK(is_floating(dtype()), "div_: true division cannot write into a tensor of dtype ", dtype());
-  native::binary_out(ElemOp::Div, *this, *this, o);
-  return finish_inplace(*this);
-}
-const Tensor& Tensor::div_(Scalar o) const {
-  autograd::check_inplace(*this, "div_");
-  TG_CHECK(is_floating(dtype()), "div_: true division cannot write into a tensor of dtype ", dtype());
-  native::scalar_op_out(ElemOp::DivScalar, *this, *this, o);
-  return finish_inplace(*this);
-}
-const Tensor& Tensor::zero_() const { return fill_(0); }
-const Tensor& Tensor::fill_(Scalar v) const {
-  autograd::check_inplace(*this, "fill_");
-  native::fill_(*this, v);
-  return finish_inplace(*this);
-}
-const Tensor& Tensor::uniform_(double from, double to) const {
-  autograd::check_inplace(*this, "uniform_");
-  native::uniform_(*this, from, to);
-  return finish_inplace(*this);
-}
-const Tensor& Tensor::normal_(double mean, double std) const {
-  autograd::check_inplace(*this, "normal_");
-  native::normal_(*this, mean, std);
-  return finish_inplace(*this);
-}
-const Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) const {
-  autograd::check_inplace(*this, "copy_");
-  native::copy_(*this, src, non_blocking);
-  return finish_inplace(*this);
-}
+// The in-place methods (add_, mul_, copy_, relu_, ...) live in autograd/functions/inplace.cpp,
+// beside their backward.
 
 }  // namespace tg

@@ -42,6 +42,13 @@ class TensorImpl {
   // Smaller tensors that are all finite exactly when this one is (core/finite_proxy.h); null
   // unless the op that made it said so.
   std::shared_ptr<detail::FiniteProxy> finite_proxy;
+  // Set by the public view methods (slice, select, view, transpose, ...) when the result shares
+  // the input's storage: the tensor first viewed (never itself a view), the storage version at
+  // which this view's autograd history was last made current, and whether grad mode was off when
+  // the view was made. Autograd records in-place ops on views through them (autograd/node.cpp).
+  std::shared_ptr<TensorImpl> view_base;
+  uint32_t view_version = 0;
+  bool view_no_grad = false;
   void refresh();  // recompute numel and contiguity after sizes/strides change
 };
 
@@ -208,6 +215,18 @@ class Tensor {
   const Tensor& uniform_(double from = 0.0, double to = 1.0) const;
   const Tensor& normal_(double mean = 0.0, double std = 1.0) const;
   const Tensor& copy_(const Tensor& src, bool non_blocking = false) const;
+  // In a graph (grad mode on, self or an operand requires grad) each in-place op is recorded as
+  // PyTorch does: self's history (a view's: its base's) goes through the op's backward
+  // (autograd/functions/inplace.cpp). A leaf that requires grad, or a view of one, is refused.
+  const Tensor& relu_() const;
+  const Tensor& sigmoid_() const;
+  const Tensor& tanh_() const;
+  const Tensor& exp_() const;
+  const Tensor& clamp_(Scalar lo, Scalar hi) const;
+  const Tensor& clamp_min_(Scalar lo) const;
+  const Tensor& clamp_max_(Scalar hi) const;
+  const Tensor& masked_fill_(const Tensor& mask, Scalar value) const;
+  const Tensor& index_add_(int64_t dim, const Tensor& index, const Tensor& source, Scalar alpha = 1) const;
 
   // ---- reductions (dims: one int or a list; empty = all)
   Tensor sum() const;

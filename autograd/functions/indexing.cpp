@@ -40,6 +40,23 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value) {
   });
 }
 
+// In place (see autograd/functions/inplace.cpp): the mask must broadcast to self's shape.
+const Tensor& Tensor::masked_fill_(const Tensor& mask, Scalar value) const {
+  const bool rec = autograd::check_inplace(*this, "masked_fill_");
+  Tensor filled = native::masked_fill(*this, mask, value);
+  TG_CHECK(filled.sizes() == sizes(), "masked_fill_: the mask of shape ", mask.sizes(),
+           " does not broadcast to the input's shape ", sizes());
+  native::copy_(*this, filled);
+  impl().storage->bump_version();
+  if (rec) {
+    SavedTensor sm(mask, "masked_fill_");
+    autograd::rebase_history("masked_fill_", *this, {}, [sm](const Tensor& g, const FunctionNode&) -> Grads {
+      return {native::where(sm.unpack(), zero_of(g), g)};
+    });
+  }
+  return *this;
+}
+
 // ---- tril / triu
 namespace {
 Tensor tri(OpKind kind, const char* name, bool upper, const Tensor& a, int64_t diagonal) {
@@ -127,6 +144,21 @@ Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tens
   });
 }
 
+namespace {
+// index_add's backward: g for the input, g's rows at index (times alpha) for the source.
+autograd::BackwardFn index_add_backward(SavedTensor si, int64_t d, Scalar alpha, bool scalar_source) {
+  return [si, d, alpha, scalar_source](const Tensor& g, const FunctionNode& n) -> Grads {
+    Tensor gs;
+    if (n.needs_input_grad(1)) {
+      gs = native::index_select(g, d, si.unpack(), false);
+      if (alpha.to_double() != 1) gs = native::scalar_op(ElemOp::MulScalar, gs, alpha);
+      if (scalar_source) gs = native::reshape(gs, {});
+    }
+    return {n.needs_input_grad(0) ? g : Tensor(), gs};
+  };
+}
+}  // namespace
+
 Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& source, Scalar alpha) {
   TG_AUTOCAST(IndexAdd, tg::index_add(a, dim, index, source, alpha), a, source);
   Tensor out = native::index_add(a, dim, index, source, alpha);
@@ -134,17 +166,19 @@ Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor
   if (!should_record(a, source)) return out;
   const int64_t d = wrap(dim, a, "index_add");
   SavedTensor si(index, "index_add");
-  const bool scalar_source = source.dim() == 0;
-  return record("index_add", {a, source}, std::move(out),
-                [si, d, alpha, scalar_source](const Tensor& g, const FunctionNode& n) -> Grads {
-                  Tensor gs;
-                  if (n.needs_input_grad(1)) {
-                    gs = native::index_select(g, d, si.unpack(), false);
-                    if (alpha.to_double() != 1) gs = native::scalar_op(ElemOp::MulScalar, gs, alpha);
-                    if (scalar_source) gs = native::reshape(gs, {});
-                  }
-                  return {n.needs_input_grad(0) ? g : Tensor(), gs};
-                });
+  return record("index_add", {a, source}, std::move(out), index_add_backward(si, d, alpha, source.dim() == 0));
+}
+
+// In place (see autograd/functions/inplace.cpp): the same op written into self.
+const Tensor& Tensor::index_add_(int64_t dim, const Tensor& index, const Tensor& source, Scalar alpha) const {
+  const bool rec = autograd::check_inplace(*this, "index_add_", source);
+  native::copy_(*this, native::index_add(*this, dim, index, source, alpha));
+  impl().storage->bump_version();
+  if (rec)
+    autograd::rebase_history("index_add_", *this, {source},
+                             index_add_backward(SavedTensor(index, "index_add_"), wrap(dim, *this, "index_add_"),
+                                                alpha, source.dim() == 0));
+  return *this;
 }
 
 // ---- cumsum

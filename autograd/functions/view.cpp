@@ -1,6 +1,7 @@
 // Views, gathers, cat and copies (Tensor methods and free spellings), each with
-// its backward right below. expand's gradient is left in the output shape: the
-// engine's central sum_to reduces it to the input's shape.
+// its backward right below. Every view method notes its base (autograd::mark_view) so
+// that in-place ops on views are recorded on the base. expand's gradient is left in the
+// output shape: the engine's central sum_to reduces it to the input's shape.
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -34,33 +35,33 @@ int64_t slice_bound(int64_t v, int64_t size) {
 }  // namespace
 
 Tensor Tensor::view(Shape shape) const {
-  Tensor out = native::view(*this, shape);
+  Tensor out = autograd::mark_view(*this, native::view(*this, shape));
   TG_TRACE(View, out, {*this}, {{"shape", std::vector<int64_t>(shape)}});
   return reshape_back("view", *this, std::move(out));
 }
 Tensor Tensor::reshape(Shape shape) const {
-  Tensor out = native::reshape(*this, shape);
+  Tensor out = autograd::mark_view(*this, native::reshape(*this, shape));
   TG_TRACE(Reshape, out, {*this}, {{"shape", std::vector<int64_t>(shape)}});
   return reshape_back("reshape", *this, std::move(out));
 }
 Tensor Tensor::unsqueeze(int64_t dim) const {
-  Tensor out = native::unsqueeze(*this, dim);
+  Tensor out = autograd::mark_view(*this, native::unsqueeze(*this, dim));
   TG_TRACE(Unsqueeze, out, {*this}, {{"dim", dim}});
   return reshape_back("unsqueeze", *this, std::move(out));
 }
 Tensor Tensor::squeeze() const {
-  Tensor out = native::squeeze(*this, std::nullopt);
+  Tensor out = autograd::mark_view(*this, native::squeeze(*this, std::nullopt));
   TG_TRACE(Squeeze, out, {*this}, {});
   return reshape_back("squeeze", *this, std::move(out));
 }
 Tensor Tensor::squeeze(int64_t dim) const {
-  Tensor out = native::squeeze(*this, dim);
+  Tensor out = autograd::mark_view(*this, native::squeeze(*this, dim));
   TG_TRACE(Squeeze, out, {*this}, {{"dim", dim}});
   return reshape_back("squeeze", *this, std::move(out));
 }
 
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
-  Tensor out = native::transpose(*this, d0, d1);
+  Tensor out = autograd::mark_view(*this, native::transpose(*this, d0, d1));
   TG_TRACE(Transpose, out, {*this}, {{"dim0", d0}, {"dim1", d1}});
   if (!should_record(*this)) return out;
   return autograd::record_view(
@@ -71,7 +72,8 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
 Tensor Tensor::t() const {
   TG_CHECK(dim() <= 2, "t: expects a tensor with <= 2 dims, got shape ", sizes());
   if (dim() < 2) {
-    Tensor out = native::make_view(*this, sizes(), strides(), storage_offset());  // itself, as torch
+    // itself, as torch
+    Tensor out = autograd::mark_view(*this, native::make_view(*this, sizes(), strides(), storage_offset()));
     TG_TRACE(Alias, out, {*this}, {});
     return reshape_back("t", *this, std::move(out));
   }
@@ -82,7 +84,7 @@ Tensor Tensor::permute(Shape dims) const {
   const int64_t nd = dim();
   TG_CHECK(static_cast<int64_t>(dims.size()) == nd, "permute: ", dims.size(), " dims given for a tensor of shape ",
            sizes());
-  Tensor out = native::permute(*this, dims);
+  Tensor out = autograd::mark_view(*this, native::permute(*this, dims));
   TG_TRACE(Permute, out, {*this}, {{"dims", std::vector<int64_t>(dims)}});
   if (!should_record(*this)) return out;
   Shape inverse(static_cast<size_t>(nd));
@@ -93,7 +95,7 @@ Tensor Tensor::permute(Shape dims) const {
 }
 
 Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) const {
-  Tensor out = native::slice(*this, dim, start, end, step);
+  Tensor out = autograd::mark_view(*this, native::slice(*this, dim, start, end, step));
   TG_TRACE(Slice, out, {*this}, {{"dim", dim}, {"start", start}, {"end", end}, {"step", step}});
   if (!should_record(*this)) return out;
   const int64_t d = detail::wrap_dim(dim, this->dim(), "slice");
@@ -109,7 +111,7 @@ Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) cons
 }
 
 Tensor Tensor::select(int64_t dim, int64_t index) const {
-  Tensor out = native::select(*this, dim, index);
+  Tensor out = autograd::mark_view(*this, native::select(*this, dim, index));
   TG_TRACE(Select, out, {*this}, {{"dim", dim}, {"index", index}});
   if (!should_record(*this)) return out;
   const int64_t d = detail::wrap_dim(dim, this->dim(), "select");
@@ -123,7 +125,7 @@ Tensor Tensor::select(int64_t dim, int64_t index) const {
 }
 
 Tensor Tensor::expand(Shape sizes) const {
-  Tensor out = native::expand(*this, sizes);
+  Tensor out = autograd::mark_view(*this, native::expand(*this, sizes));
   TG_TRACE(Expand, out, {*this}, {{"sizes", std::vector<int64_t>(sizes)}});
   if (!should_record(*this)) return out;
   // The engine sums the output-shaped gradient down to this input's shape.

@@ -362,8 +362,19 @@ void check_out_dtype(const Tensor& self, DType result, const char* op) {
 void unary_out(ElemOp op, const Tensor& self, const Tensor& a, double p0, double p1) {
   const char* name = op_label(op);
   check_same_device(name, {&self, &a});
+  // Fast path (relu_, exp_, ...): a floating self, its own dtype throughout: the kernel writes into self.
+  if (is_floating(self.dtype()) && a.dtype() == self.dtype() && a.sizes() == self.sizes() && !is_comparison(op)) {
+    ElementwiseIter it = make_iter(self, {&a}, name);
+    it.dparams[0] = p0;
+    it.dparams[1] = p1;
+    it.iparams[0] = Scalar::saturate_to_int64(p0);
+    it.iparams[1] = Scalar::saturate_to_int64(p1);
+    run(op, it);
+    return;
+  }
   Tensor r = unary(op, a, p0, p1);
   check_out_shape(self, r.sizes(), name);
+  check_out_dtype(self, r.dtype(), name);
   copy_(self, r);
 }
 
