@@ -104,4 +104,16 @@ Tensor finish_to(const Tensor& src, Tensor out);
 // A detached alias of t sharing storage (for detach() and saved tensors).
 Tensor alias(const Tensor& t);
 
+// ---- hooks, anomaly mode, inference tensors (autograd/hooks.cpp, autograd/anomaly.cpp)
+// Runs `hooks` on the node's incoming gradients `buf` (one per output), replacing them in place.
+void run_grad_hooks(const Node& node, GradHooks& hooks, std::vector<Tensor>& buf);
+// Runs a leaf's post-accumulate-grad hooks (AccumulateGrad::apply).
+void run_post_accumulate_grad_hooks(const std::shared_ptr<TensorImpl>& leaf);
+// Anomaly mode: throws tg::Error when a gradient `node` returned holds NaN or Inf.
+void check_anomaly(const Node& node, const std::vector<Tensor>& grads);
+// Throws tg::Error when t is an inference tensor (tg::InferenceMode), which cannot be saved for backward.
+void check_not_inference(const Tensor& t, const char* op);
+// Whether the backward running on this thread is tg::autograd::grad's (it writes no .grad()).
+bool in_grad_call();
+
 }  // namespace tg::autograd

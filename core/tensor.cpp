@@ -122,7 +122,8 @@ Tensor Tensor::matmul(const Tensor& o) const { return tg::matmul(*this, o); }
 // ---- in place
 namespace {
 const Tensor& finish_inplace(const Tensor& t) {
-  t.impl().storage->bump_version();
+  Storage& s = *t.impl().storage;
+  if (!(s.is_inference() && detail::tls_inference_mode)) s.bump_version();  // tg::InferenceMode
   return t;
 }
 }  // namespace
