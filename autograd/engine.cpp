@@ -216,8 +216,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
     const bool skip = !any || (inputs && dynamic_cast<AccumulateGrad*>(node.get()) != nullptr);
     std::vector<Tensor> outs;
     if (!skip) {
-      outs = node->apply(std::move(buf));
-      if (AnomalyMode::is_enabled()) check_anomaly(*node, outs);
+      outs = AnomalyMode::is_enabled() ? apply_in_anomaly_mode(*node, std::move(buf)) : node->apply(std::move(buf));
       if (!retain_graph) node->release_saved();
       TG_CHECK(outs.empty() || outs.size() == node->next_edges.size(), node->name(), ": backward returned ",
                outs.size(), " gradients for ", node->next_edges.size(), " inputs");

@@ -109,8 +109,9 @@ Tensor alias(const Tensor& t);
 void run_grad_hooks(const Node& node, GradHooks& hooks, std::vector<Tensor>& buf);
 // Runs a leaf's post-accumulate-grad hooks (AccumulateGrad::apply).
 void run_post_accumulate_grad_hooks(const std::shared_ptr<TensorImpl>& leaf);
-// Anomaly mode: throws tg::Error when a gradient `node` returned holds NaN or Inf.
-void check_anomaly(const Node& node, const std::vector<Tensor>& grads);
+// node.apply(grads) in anomaly mode: a tg::Error it raises gets the op's name and sequence number
+// appended, and a returned gradient holding NaN or Inf is a tg::Error.
+std::vector<Tensor> apply_in_anomaly_mode(Node& node, std::vector<Tensor>&& grads);
 // Throws tg::Error when t is an inference tensor (tg::InferenceMode), which cannot be saved for backward.
 void check_not_inference(const Tensor& t, const char* op);
 // Whether the backward running on this thread is tg::autograd::grad's (it writes no .grad()).

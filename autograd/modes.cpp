@@ -18,6 +18,7 @@ void AnomalyMode::set_enabled(bool enabled) { t_anomaly_enabled = enabled; }
 
 uint64_t next_sequence_nr() { return t_sequence_nr++; }
 
+namespace {
 void check_anomaly(const Node& node, const std::vector<Tensor>& grads) {
   for (size_t i = 0; i < grads.size(); ++i) {
     const Tensor& g = grads[i];
@@ -35,6 +36,20 @@ void check_anomaly(const Node& node, const std::vector<Tensor>& grads) {
              ", dtype ", g.dtype(), ", flowing to ", from, "). The forward op '", node.name(),
              "' produced a value whose gradient is not finite there");
   }
+}
+
+}  // namespace
+
+std::vector<Tensor> apply_in_anomaly_mode(Node& node, std::vector<Tensor>&& grads) {
+  std::vector<Tensor> outs;
+  try {
+    outs = node.apply(std::move(grads));
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + "\n  (anomaly mode: raised in the backward of '" + node.name() +
+                "', sequence number " + std::to_string(node.sequence_nr) + ")");
+  }
+  check_anomaly(node, outs);
+  return outs;
 }
 
 void check_not_inference(const Tensor& t, const char* op) {

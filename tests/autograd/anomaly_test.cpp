@@ -96,6 +96,28 @@ TEST_P(Anomaly, SequenceNumbersFollowTheForwardOrder) {
   EXPECT_LT(b.grad_fn()->sequence_nr, c.grad_fn()->sequence_nr);
 }
 
+struct Throws : tg::autograd::Function<Throws> {
+  static Tensor forward(tg::autograd::AutogradContext*, const Tensor& x) { return x * 2; }
+  static std::vector<Tensor> backward(tg::autograd::AutogradContext*, std::vector<Tensor>) {
+    TG_ERROR("boom in a user backward");
+  }
+};
+
+TEST_P(Anomaly, AnErrorRaisedInABackwardNamesItsNode) {
+  auto x = leaf({1, 2});
+  auto y = Throws::apply(x);
+  const auto seq = y.grad_fn()->sequence_nr;
+  auto loss = y.sum();
+  const std::string plain = error_of([&] { y.sum().backward(); });
+  EXPECT_NE(plain.find("boom"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("anomaly mode"), std::string::npos) << plain;
+  tg::autograd::DetectAnomalyGuard guard;
+  const std::string e = error_of([&] { loss.backward(); });
+  EXPECT_NE(e.find("boom"), std::string::npos) << e;
+  EXPECT_NE(e.find("anomaly mode: raised in the backward of"), std::string::npos) << e;
+  EXPECT_NE(e.find("sequence number " + std::to_string(seq)), std::string::npos) << e;
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, Anomaly, ::testing::Values(Dev::CPU, Dev::CUDA), dev_name);
 
 }  // namespace
