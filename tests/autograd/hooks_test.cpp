@@ -145,6 +145,17 @@ TEST_P(Hooks, HookOnAnOutputOfSeveralUsesAndOnOneOfTwoOutputs) {
   expect_near_vec(host(x.grad()), {-1000, -100, -10, -1}, 0, 0, "sorted values' hook");
 }
 
+TEST_P(Hooks, AHookMayWriteIntoTheGradientItGets) {
+  auto x = leaf({1, 2});
+  auto loss = (x * 3).sum();
+  loss.register_hook([](const Tensor& g) { g.mul_(2); });  // the root gradient (on CUDA, never the shared 1)
+  loss.backward();
+  expect_near_vec(host(x.grad()), {6, 6}, 0, 0, "doubled in place");
+  x.mutable_grad() = Tensor();
+  (x * 3).sum().backward();  // a later loss starts from 1 again
+  expect_near_vec(host(x.grad()), {3, 3}, 0, 0, "fresh root gradient");
+}
+
 TEST_P(Hooks, BadHooksAreErrors) {
   auto c = tg::tensor<double>({1, 2}, f64().device(dev()));  // requires no grad
   EXPECT_NE(error_of([&] { c.register_hook([](const Tensor& g) { return g; }); }).find("does not require grad"),
