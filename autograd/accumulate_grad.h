@@ -13,6 +13,7 @@ class AccumulateGrad final : public Node {
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
   const char* name() const override { return "AccumulateGrad"; }
+  GradHooks* grad_hooks() const override;  // the leaf's (Tensor::register_hook)
 
  private:
   std::shared_ptr<TensorImpl> leaf_;  // as PyTorch: the graph keeps its leaves alive

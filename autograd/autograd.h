@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include <tapegrad/core/hooks.h>
 #include <tapegrad/core/tensor.h>
 
 namespace tg {
@@ -25,6 +26,39 @@ class GradMode {
 };
 
 class Node;
+
+// ---- hooks, anomaly mode (autograd/hooks.cpp, autograd/anomaly.cpp)
+// Gradient hooks of tensors (Tensor::register_hook): slot = the output number of the tensor
+// at its node (0 for a leaf).
+using GradHooks = tg::detail::HookList<std::function<Tensor(const Tensor&)>>;
+// A leaf's hooks that run after its .grad() was accumulated (register_post_accumulate_grad_hook).
+using PostAccumulateGradHooks = tg::detail::HookList<std::function<void(Tensor&)>>;
+
+// Anomaly detection, as PyTorch's detect_anomaly: while on (thread-local), backward checks
+// every gradient a node returns and throws tg::Error naming the forward op and its node's
+// sequence number when one holds NaN or Inf. Off: one thread-local load per node.
+class AnomalyMode {
+ public:
+  static bool is_enabled();
+  static void set_enabled(bool enabled);
+};
+
+// Anomaly mode on (or off, with enabled = false) for a scope (RAII, nests).
+class DetectAnomalyGuard {
+ public:
+  explicit DetectAnomalyGuard(bool enabled = true) : prev_(AnomalyMode::is_enabled()) {
+    AnomalyMode::set_enabled(enabled);
+  }
+  ~DetectAnomalyGuard() { AnomalyMode::set_enabled(prev_); }
+  DetectAnomalyGuard(const DetectAnomalyGuard&) = delete;
+  DetectAnomalyGuard& operator=(const DetectAnomalyGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// The next node sequence number of this thread (Node::sequence_nr).
+uint64_t next_sequence_nr();
 
 // Where a gradient goes: input number `input_nr` of node `fn`.
 struct Edge {
@@ -67,6 +101,13 @@ class Node {
   std::vector<InputMeta> input_meta;  // one per forward output
   // Non-leaf tensors that asked for retain_grad(): (output_nr, tensor).
   std::vector<std::pair<uint32_t, std::weak_ptr<TensorImpl>>> retained;
+  // Creation order on its thread (the forward order), named by anomaly mode's errors.
+  uint64_t sequence_nr = next_sequence_nr();
+  // Hooks of the tensors this node produced (null until one is registered).
+  std::shared_ptr<GradHooks> tensor_hooks;
+  // The gradient hooks the engine runs on this node's incoming gradients (a leaf's
+  // AccumulateGrad answers its leaf's).
+  virtual GradHooks* grad_hooks() const { return tensor_hooks.get(); }
 };
 
 // Per-tensor autograd state (TensorImpl::autograd), created on first need.
@@ -77,12 +118,19 @@ struct AutogradMeta {
   bool requires_grad = false;  // the leaf flag
   bool retain_grad = false;
   std::weak_ptr<Node> grad_accumulator;  // the leaf's AccumulateGrad, shared by every use
+  std::shared_ptr<GradHooks> hooks;      // a leaf's gradient hooks (a non-leaf's live on its grad_fn)
+  std::shared_ptr<PostAccumulateGradHooks> post_accumulate_grad_hooks;
 };
 
 // Runs backward from `outputs` and returns d(outputs)/d(inputs) without touching
 // any .grad(). An input the outputs do not depend on gets an undefined tensor.
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false);
+
+// Runs backward from several outputs at once, accumulating into the leaves' .grad() (as
+// torch::autograd::backward); grad_outputs as for grad().
+void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs = {},
+              bool retain_graph = false);
 
 namespace detail {
 bool check_inplace_recorded(const Tensor& self, const char* op, std::initializer_list<const Tensor*> others);
@@ -133,6 +181,30 @@ class NoGradGuard {
   NoGradGuard& operator=(const NoGradGuard&) = delete;
 
  private:
+  bool prev_;
+};
+
+// Inference mode, as c10::InferenceMode: recording off (as NoGradGuard), and storage allocated
+// inside is an inference tensor's: in-place ops on it made inside the mode do not bump its version
+// counter, and it cannot require grad or be saved for backward (either is a tg::Error). In-place
+// ops inside the mode on tensors made outside it still bump their version. RAII, thread-local, nests.
+class InferenceMode {
+ public:
+  explicit InferenceMode(bool enabled = true)
+      : prev_grad_(autograd::GradMode::is_enabled()), prev_(detail::tls_inference_mode) {
+    detail::tls_inference_mode = enabled;
+    autograd::GradMode::set_enabled(!enabled);
+  }
+  ~InferenceMode() {
+    detail::tls_inference_mode = prev_;
+    autograd::GradMode::set_enabled(prev_grad_);
+  }
+  InferenceMode(const InferenceMode&) = delete;
+  InferenceMode& operator=(const InferenceMode&) = delete;
+  static bool is_enabled() { return detail::tls_inference_mode; }
+
+ private:
+  bool prev_grad_;
   bool prev_;
 };
 

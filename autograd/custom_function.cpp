@@ -2,6 +2,8 @@
 // saved tensors with the in-place check, and the node that calls the user's backward.
 #include <tapegrad/autograd/custom_function.h>
 
+#include <algorithm>
+
 #include <tapegrad/autograd/function.h>
 
 namespace tg::autograd {
@@ -14,6 +16,9 @@ void AutogradContext::save_for_backward(const std::vector<Tensor>& tensors) {
       saved_.push_back(Saved{});
       continue;
     }
+    // Only when apply records a node (some input needs grad): forward also runs without one.
+    if (std::find(needs_input_grad_.begin(), needs_input_grad_.end(), true) != needs_input_grad_.end())
+      check_not_inference(t, "custom Function save_for_backward");
     // A detached alias: saving an output must not make the node own itself.
     saved_.push_back(Saved{alias(t), t.version()});
   }

@@ -75,6 +75,8 @@ Tensor implicit_one(const Tensor& r) {
   return native::full(r.sizes(), 1, r.dtype(), r.device());
 }
 
+thread_local bool t_in_grad_call = false;
+
 struct Capture {
   uint32_t input_nr;
   size_t result_index;
@@ -85,6 +87,11 @@ struct Capture {
 std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads,
                                  bool retain_graph, const std::vector<Tensor>* inputs, const char* op) {
   NoGradGuard no_grad;
+  struct CallKind {  // for in_grad_call(), restored after a nested backward (utils::checkpoint)
+    bool prev = t_in_grad_call;
+    ~CallKind() { t_in_grad_call = prev; }
+  } call_kind;
+  t_in_grad_call = inputs != nullptr;
   TG_CHECK(!roots.empty(), op, ": no output tensors given");
   TG_CHECK(root_grads.empty() || root_grads.size() == roots.size(), op, ": got ", root_grads.size(), " gradients for ",
            roots.size(), " outputs");
@@ -190,6 +197,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
       buffers.erase(it);
     }
     buf.resize(node->input_meta.size());
+    if (GradHooks* hooks = node->grad_hooks(); hooks && !hooks->empty()) run_grad_hooks(*node, *hooks, buf);
 
     if (auto it = captures.find(node.get()); it != captures.end())
       for (const Capture& c : it->second)
@@ -208,7 +216,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
     const bool skip = !any || (inputs && dynamic_cast<AccumulateGrad*>(node.get()) != nullptr);
     std::vector<Tensor> outs;
     if (!skip) {
-      outs = node->apply(std::move(buf));
+      outs = AnomalyMode::is_enabled() ? apply_in_anomaly_mode(*node, std::move(buf)) : node->apply(std::move(buf));
       if (!retain_graph) node->release_saved();
       TG_CHECK(outs.empty() || outs.size() == node->next_edges.size(), node->name(), ": backward returned ",
                outs.size(), " gradients for ", node->next_edges.size(), " inputs");
@@ -240,6 +248,12 @@ bool is_implicit_one(const Tensor& g) {
 
 Tensor writable(const Tensor& g) { return is_implicit_one(g) ? native::clone(g) : g; }
 
+bool in_grad_call() { return t_in_grad_call; }
+
+void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, bool retain_graph) {
+  run_backward(outputs, grad_outputs, retain_graph, nullptr, "autograd::backward");
+}
+
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs, bool retain_graph) {
   return run_backward(outputs, grad_outputs, retain_graph, &inputs, "autograd::grad");
@@ -259,6 +273,9 @@ const Tensor& Tensor::requires_grad_(bool requires_grad) const {
   }
   TG_CHECK(!requires_grad || is_floating(dtype()), "requires_grad_: only floating tensors can require grad; got ",
            dtype(), " of shape ", sizes());
+  TG_CHECK(!requires_grad || !impl().storage->is_inference() || InferenceMode::is_enabled(),
+           "requires_grad_: setting requires_grad on an inference tensor (shape ", sizes(),
+           ", made inside tg::InferenceMode) outside InferenceMode is not allowed; clone() it first");
   if (!m) {
     if (!requires_grad) return *this;
     m = std::make_shared<AutogradMeta>();

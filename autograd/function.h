@@ -126,4 +126,17 @@ void rebase_history(const char* name, const Tensor& self, std::initializer_list<
 // its base and version, and the grad mode (see TensorImpl::view_base). Returns out.
 Tensor mark_view(const Tensor& input, Tensor out);
 
+// ---- hooks, anomaly mode, inference tensors (autograd/hooks.cpp, autograd/anomaly.cpp)
+// Runs `hooks` on the node's incoming gradients `buf` (one per output), replacing them in place.
+void run_grad_hooks(const Node& node, GradHooks& hooks, std::vector<Tensor>& buf);
+// Runs a leaf's post-accumulate-grad hooks (AccumulateGrad::apply).
+void run_post_accumulate_grad_hooks(const std::shared_ptr<TensorImpl>& leaf);
+// node.apply(grads) in anomaly mode: a tg::Error it raises gets the op's name and sequence number
+// appended, and a returned gradient holding NaN or Inf is a tg::Error.
+std::vector<Tensor> apply_in_anomaly_mode(Node& node, std::vector<Tensor>&& grads);
+// Throws tg::Error when t is an inference tensor (tg::InferenceMode), which cannot be saved for backward.
+void check_not_inference(const Tensor& t, const char* op);
+// Whether the backward running on this thread is tg::autograd::grad's (it writes no .grad()).
+bool in_grad_call();
+
 }  // namespace tg::autograd

@@ -61,6 +61,7 @@ Tensor alias(const Tensor& t) {
 
 SavedTensor::SavedTensor(const Tensor& t, const char* op) : op_(op) {
   if (!t.defined()) return;
+  check_not_inference(t, op);
   data_ = alias(t);
   version_ = t.version();
 }
@@ -99,7 +100,13 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   } else {
     meta->grad = native::add(meta->grad, g);
   }
+  run_post_accumulate_grad_hooks(leaf_);
   return {};
+}
+
+GradHooks* AccumulateGrad::grad_hooks() const {
+  const auto& m = leaf_->autograd;
+  return m ? m->hooks.get() : nullptr;
 }
 
 Edge gradient_edge(const Tensor& t) {

@@ -169,6 +169,12 @@ Tensor randperm(int64_t n, DType dtype, Device device, uint64_t seed, uint64_t o
 Tensor arange(double start, double end, double step, DType dtype, Device device);
 // Reserves `count` Philox counters of the device's generator; returns (seed, offset).
 std::pair<uint64_t, uint64_t> philox_reserve(Device device, uint64_t count);
+// Every Philox generator's (seed, offset): [0] the CPU's, [1 + i] CUDA device i's; a device
+// missing from a state had (the CPU seed, 0). For utils::checkpoint, which replays a forward's
+// random numbers in its recompute.
+using RngState = std::vector<std::pair<uint64_t, uint64_t>>;
+RngState get_rng_state();
+void set_rng_state(const RngState& state);
 
 // ---- issue 15: normalization, embedding, dropout (core/native/normalization.cpp)
 // layer_norm (rms = false) / rms_norm over the trailing dims `normalized_shape` of x. weight and

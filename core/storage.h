@@ -72,6 +72,11 @@ using AllocatorFactory = Allocator* (*)(int device_index);
 void register_allocator_factory(DeviceType type, AllocatorFactory factory);
 }  // namespace detail
 
+namespace detail {
+// Whether tg::InferenceMode (autograd/autograd.h) is on for this thread.
+inline thread_local bool tls_inference_mode = false;
+}  // namespace detail
+
 class Storage {
  public:
   Storage(DataPtr data, size_t nbytes) : data_(std::move(data)), nbytes_(nbytes), device_(data_.device()) {}
@@ -80,7 +85,14 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
   uint32_t version() const { return version_; }
-  void bump_version() { ++version_; }
+  // Every in-place write bumps the version, except on an inference tensor's storage inside
+  // tg::InferenceMode (nothing can have saved it).
+  void bump_version() {
+    if (!(inference_ && detail::tls_inference_mode)) ++version_;
+  }
+  // Allocated inside tg::InferenceMode: an inference tensor's storage (no version bumps from the
+  // in-place ops inside the mode; never saved for backward).
+  bool is_inference() const { return inference_; }
   const DataPtr& data_ptr() const { return data_; }
   // What another part of the library keeps with this memory and that goes away with it: the
   // lower-precision copies of a parameter (core/cast_copies.h, the one user, under its lock).
@@ -95,6 +107,7 @@ class Storage {
   size_t nbytes_;
   Device device_;
   uint32_t version_ = 0;
+  bool inference_ = detail::tls_inference_mode;
   std::shared_ptr<void> attachment_;
 };
 

@@ -3,6 +3,7 @@
 // front-ends declared in core/ops.h.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <string_view>
@@ -12,6 +13,7 @@
 #include <tapegrad/core/device.h>
 #include <tapegrad/core/dtype.h>
 #include <tapegrad/core/error.h>
+#include <tapegrad/core/hooks.h>
 #include <tapegrad/core/shape.h>
 #include <tapegrad/core/storage.h>
 #include <tapegrad/core/tensor_options.h>
@@ -278,6 +280,17 @@ class Tensor {
   void retain_grad() const;
   void backward(const Tensor& gradient = Tensor(), BackwardOptions options = {}) const;
   std::shared_ptr<autograd::Node> grad_fn() const;
+  // ---- autograd hooks (autograd/hooks.cpp)
+  // fn(grad) runs on the gradient flowing into this tensor (leaf or not), before it reaches
+  // .grad() or the op that made the tensor, and before autograd::grad returns it. It returns
+  // void (keep), a Tensor or a std::optional<Tensor> (undefined / empty: keep); several hooks
+  // run in registration order, each seeing the previous one's result.
+  template <typename F>
+  RemovableHandle register_hook(F&& fn) const {
+    return add_grad_hook(detail::ReplacingHook<Tensor(const Tensor&)>::wrap(std::forward<F>(fn)));
+  }
+  // fn(param) runs once per backward, after this leaf's .grad() was accumulated.
+  RemovableHandle register_post_accumulate_grad_hook(std::function<void(Tensor&)> fn) const;
 
   TensorImpl& impl() const {
     TG_CHECK(impl_ != nullptr, "use of an undefined tensor");
@@ -286,6 +299,7 @@ class Tensor {
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
 
  private:
+  RemovableHandle add_grad_hook(std::function<Tensor(const Tensor&)> fn) const;
   std::shared_ptr<TensorImpl> impl_;
 };
 

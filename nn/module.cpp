@@ -219,4 +219,27 @@ LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
   return result;
 }
 
+// ---- forward hooks
+RemovableHandle Module::add_forward_hook(PreHook pre, PostHook post) {
+  if (!hooks_) hooks_ = std::make_shared<ForwardHooks>();  // a moved-from module
+  if (pre) return tg::detail::add_hook(hooks_->pre, 0, std::move(pre));
+  TG_CHECK(post != nullptr, name(), ": register_forward_hook: the hook is empty");
+  return tg::detail::add_hook(hooks_->post, 0, std::move(post));
+}
+
+Tensor Module::call_with_hooks(const Tensor& x) {
+  const std::shared_ptr<ForwardHooks> hooks = hooks_;  // alive even if a hook replaces the module's
+  Tensor input = x;
+  for (auto& fn : hooks->pre->for_slot(0)) {
+    Tensor r = fn(*this, input);
+    if (r.defined()) input = std::move(r);
+  }
+  Tensor output = forward(input);
+  for (auto& fn : hooks->post->for_slot(0)) {
+    Tensor r = fn(*this, input, output);
+    if (r.defined()) output = std::move(r);
+  }
+  return output;
+}
+
 }  // namespace tg::nn

@@ -7,6 +7,7 @@
 // `Sequential(Linear(64, 1))` store a module passed by value.
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ranges>
@@ -17,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include <tapegrad/core/hooks.h>
 #include <tapegrad/core/ops.h>
 #include <tapegrad/core/state_dict.h>
 #include <tapegrad/core/tensor.h>
@@ -41,7 +43,24 @@ class Module {
   virtual ~Module() = default;
 
   virtual Tensor forward(const Tensor& x) = 0;
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  // forward(x), with the forward hooks around it when any is registered.
+  Tensor operator()(const Tensor& x) {
+    return hooks_ && !hooks_->empty() ? call_with_hooks(x) : forward(x);
+  }
+  // ---- forward hooks (PyTorch's), run by operator() in registration order. A copy of the
+  // module shares them (shallow, as its parameters). fn(module, input) runs before forward and
+  // may return a replacement input; fn(module, input, output) runs after it and may return a
+  // replacement output. Either returns void, a Tensor or a std::optional<Tensor> (undefined /
+  // empty: keep); the next hook sees the result.
+  template <typename F>
+  RemovableHandle register_forward_pre_hook(F&& fn) {
+    return add_forward_hook(tg::detail::ReplacingHook<Tensor(Module&, const Tensor&)>::wrap(std::forward<F>(fn)), {});
+  }
+  template <typename F>
+  RemovableHandle register_forward_hook(F&& fn) {
+    return add_forward_hook({}, tg::detail::ReplacingHook<Tensor(Module&, const Tensor&, const Tensor&)>::wrap(
+                                    std::forward<F>(fn)));
+  }
   // For messages and printing; layers return their class name.
   virtual std::string name() const { return "Module"; }
 
@@ -92,6 +111,18 @@ class Module {
   template <typename F>
   void visit(const std::string& prefix, F&& f) const;
   void move_all(std::optional<Device> device, std::optional<DType> dtype);
+
+  // Forward hooks: slot 0 pre-hooks, slot 1 hooks. Made with the module, so copies share them.
+  using PreHook = std::function<Tensor(Module&, const Tensor&)>;
+  using PostHook = std::function<Tensor(Module&, const Tensor&, const Tensor&)>;
+  struct ForwardHooks {
+    std::shared_ptr<tg::detail::HookList<PreHook>> pre = std::make_shared<tg::detail::HookList<PreHook>>();
+    std::shared_ptr<tg::detail::HookList<PostHook>> post = std::make_shared<tg::detail::HookList<PostHook>>();
+    bool empty() const { return pre->empty() && post->empty(); }
+  };
+  RemovableHandle add_forward_hook(PreHook pre, PostHook post);
+  Tensor call_with_hooks(const Tensor& x);
+  std::shared_ptr<ForwardHooks> hooks_ = std::make_shared<ForwardHooks>();
 
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, Tensor>> buffers_;

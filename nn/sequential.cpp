@@ -14,7 +14,7 @@ std::shared_ptr<Module> Sequential::operator[](size_t i) const {
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor y = x;
-  for (const auto& [n, m] : named_children()) y = m->forward(y);
+  for (const auto& [n, m] : named_children()) y = (*m)(y);  // through operator(): the children's forward hooks run
   return y;
 }
 

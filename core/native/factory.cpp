@@ -38,6 +38,24 @@ std::pair<uint64_t, uint64_t> philox_reserve(Device device, uint64_t count) {
   return {g.seed, off};
 }
 
+RngState get_rng_state() {
+  std::lock_guard<std::mutex> lock(g_gen_mutex);
+  RngState s{{g_cpu_gen.seed, g_cpu_gen.offset}};
+  for (const Generator& g : g_cuda_gens) s.emplace_back(g.seed, g.offset);
+  return s;
+}
+
+void set_rng_state(const RngState& state) {
+  TG_CHECK(!state.empty(), "set_rng_state: empty state");
+  std::lock_guard<std::mutex> lock(g_gen_mutex);
+  g_cpu_gen = {state[0].first, state[0].second};
+  for (size_t i = 0; i < g_cuda_gens.size(); ++i)
+    g_cuda_gens[i] = i + 1 < state.size() ? Generator{state[i + 1].first, state[i + 1].second}
+                                          : Generator{state[0].first, 0};
+  for (size_t i = g_cuda_gens.size() + 1; i < state.size(); ++i)
+    g_cuda_gens.push_back({state[i].first, state[i].second});
+}
+
 Tensor full(const Shape& sizes, Scalar v, DType dtype, Device device) {
   Tensor t = empty(sizes, dtype, device);
   fill_(t, v);

@@ -20,6 +20,9 @@
 #if __has_include(<tapegrad/autograd/custom_function.h>)
 #include <tapegrad/autograd/custom_function.h>
 #endif
+#if __has_include(<tapegrad/autograd/checkpoint.h>)
+#include <tapegrad/autograd/checkpoint.h>
+#endif
 #if __has_include(<tapegrad/nn/nn.h>)
 #include <tapegrad/nn/nn.h>
 #endif
