@@ -568,7 +568,8 @@ TEST(SoftmaxCuda, CrossEntropyFusedPathsMatchReference) {
     l64.backward();
     const double tol = dt == kFloat32 ? 1e-5 : 2e-2;
     EXPECT_NEAR(l.item<double>(), l64.item<double>(), tol * std::abs(l64.item<double>()));
-    expect_near_vec(host(xg.grad()), host(x64.grad()), 1e-8, tol * 2, "streamed grad");
+    // float16 flushes gradients below its smallest subnormal (6e-8) to zero
+    expect_near_vec(host(xg.grad()), host(x64.grad()), dt == kFloat16 ? 6e-8 : 1e-8, tol * 2, "streamed grad");
   }
   // an out-of-range class index on CUDA: a NaN loss, no synchronisation
   Tensor x = tg::randn({2, 5}, kCUDA);

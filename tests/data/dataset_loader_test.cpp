@@ -583,7 +583,7 @@ TEST(NormalizeImages, MatchesFloat64Reference) {
     Tensor x = tg::tensor(px, {b, c, h, w}).to(dev);
     Tensor y = data::normalize_images(x, mean, stdv);
     EXPECT_EQ(y.dtype(), tg::kFloat32);
-    EXPECT_EQ(y.device(), dev);
+    EXPECT_EQ(y.device(), x.device());
     EXPECT_EQ(y.sizes(), x.sizes());
     auto got = y.cpu().to_vector<float>();
     for (size_t i = 0; i < px.size(); ++i) {

@@ -103,9 +103,9 @@ void check_state_at_construction(Device dev) {
     EXPECT_EQ(st->at("step").item<float>(), 0.f);
     EXPECT_EQ(st->at("step").dtype(), kFloat32);
     EXPECT_EQ(st->at("step").dim(), 0);
-    EXPECT_EQ(st->at("step").device(), dev);
+    EXPECT_EQ(st->at("step").device(), p.device());
     EXPECT_EQ(st->at("sum").dtype(), p.dtype());
-    EXPECT_EQ(st->at("sum").device(), dev);
+    EXPECT_EQ(st->at("sum").device(), p.device());
     EXPECT_EQ(host(st->at("sum")), Vec(p.numel(), init));
   }
   auto sd = opt.state_dict();
