@@ -7,19 +7,10 @@
 #include <vector>
 
 #include "tests/autograd/common.h"
+#include "tests/common/error_of.h"
 
 namespace tg::testing {
 namespace {
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const tg::Error& e) {
-    return e.what();
-  }
-  return "<no tg::Error thrown>";
-}
 
 class Anomaly : public ::testing::TestWithParam<Dev> {
  protected:

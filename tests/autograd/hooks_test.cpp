@@ -6,21 +6,12 @@
 #include <vector>
 
 #include "tests/autograd/common.h"
+#include "tests/common/error_of.h"
 
 namespace tg::testing {
 namespace {
 
 TensorOptions f64() { return TensorOptions().dtype(kFloat64); }
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const tg::Error& e) {
-    return e.what();
-  }
-  return "<no tg::Error thrown>";
-}
 
 class Hooks : public ::testing::TestWithParam<Dev> {
  protected:

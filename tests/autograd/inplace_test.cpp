@@ -8,21 +8,12 @@
 #include <vector>
 
 #include "tests/autograd/common.h"
+#include "tests/common/error_of.h"
 
 namespace tg::testing {
 namespace {
 
 using Inputs = std::vector<Tensor>;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const tg::Error& e) {
-    return e.what();
-  }
-  return "<no tg::Error thrown>";
-}
 
 TensorOptions f64(Device d = Device(kCPU)) { return TensorOptions().dtype(kFloat64).device(d); }
 Tensor vals(std::vector<double> v, Shape s, Device d = Device(kCPU)) { return tg::tensor<double>(v, s, f64(d)); }

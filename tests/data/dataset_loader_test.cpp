@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/common/error_of.h"
+
 #if defined(TG_WITH_CUDA)
 #include <tapegrad/core/backend/cuda/runtime.h>
 #endif
@@ -27,6 +29,7 @@ namespace {
 
 using tg::Tensor;
 namespace data = tg::data;
+using tg::testing::error_of;
 
 // Sample i: x = [i, i + 0.5] (float64), y = -i (0-d int64). Options make a sample throw, take
 // another shape or dtype, or take time.
@@ -89,16 +92,6 @@ bool is_permutation_of_range(std::vector<int64_t> v, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     if (v[static_cast<size_t>(i)] != i) return false;
   return true;
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const tg::Error& e) {
-    return e.what();
-  }
-  return "(no tg::Error)";
 }
 
 // ---- samplers
