@@ -5,6 +5,7 @@
 
 #include <tapegrad/autograd/function.h>
 #include <tapegrad/core/native.h>
+#include <tapegrad/core/trace.h>
 
 namespace tg::nn {
 
@@ -41,7 +42,14 @@ std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const MaxPoo
   a.kind = backend::PoolKind::Max;
   a.dh = o.dilation.h;
   a.dw = o.dilation.w;
-  return pool("max_pool2d", x, a, o.ceil_mode);
+  auto res = pool("max_pool2d", x, a, o.ceil_mode);
+  TG_TRACE(MaxPool2d, std::get<0>(res), {x},
+           {{"kernel_size", std::vector<int64_t>{a.kh, a.kw}},
+            {"stride", std::vector<int64_t>{a.sh, a.sw}},
+            {"padding", std::vector<int64_t>{a.ph, a.pw}},
+            {"dilation", std::vector<int64_t>{a.dh, a.dw}},
+            {"ceil_mode", o.ceil_mode}});
+  return res;
 }
 
 Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) { return std::get<0>(max_pool2d_with_indices(x, o)); }
@@ -54,7 +62,15 @@ Tensor avg_pool2d(const Tensor& x, const AvgPool2dOptions& o) {
     TG_CHECK(*o.divisor_override > 0, "avg_pool2d: divisor_override must be positive, got ", *o.divisor_override);
     a.divisor = *o.divisor_override;
   }
-  return std::get<0>(pool("avg_pool2d", x, a, o.ceil_mode));
+  Tensor out = std::get<0>(pool("avg_pool2d", x, a, o.ceil_mode));
+  TG_TRACE(AvgPool2d, out, {x},
+           {{"kernel_size", std::vector<int64_t>{a.kh, a.kw}},
+            {"stride", std::vector<int64_t>{a.sh, a.sw}},
+            {"padding", std::vector<int64_t>{a.ph, a.pw}},
+            {"ceil_mode", o.ceil_mode},
+            {"count_include_pad", o.count_include_pad},
+            {"divisor_override", a.divisor}});
+  return out;
 }
 
 Tensor adaptive_avg_pool2d(const Tensor& x, PoolSize output_size) {
@@ -62,7 +78,9 @@ Tensor adaptive_avg_pool2d(const Tensor& x, PoolSize output_size) {
   a.kind = backend::PoolKind::AdaptiveAvg;
   a.OH = output_size.h;
   a.OW = output_size.w;
-  return std::get<0>(pool("adaptive_avg_pool2d", x, a, false));
+  Tensor out = std::get<0>(pool("adaptive_avg_pool2d", x, a, false));
+  TG_TRACE(AdaptiveAvgPool2d, out, {x}, {{"output_size", std::vector<int64_t>{a.OH, a.OW}}});
+  return out;
 }
 }  // namespace functional
 
