@@ -759,6 +759,9 @@ void lower(OnnxGraph& g, const Program& p, const Node& n, const std::vector<std:
     }
     // ---- issue 17: pooling: ONNX MaxPool / AveragePool / GlobalAveragePool on [N, C, H, W] (a 3-d
     // input gets a batch dim of 1 around the node)
+    case OpKind::MaxPool2dIndices:
+      unsupported("max_pool2d's indices (ONNX counts them over the whole tensor)");
+      return;
     case OpKind::MaxPool2d:
     case OpKind::AvgPool2d:
     case OpKind::AdaptiveAvgPool2d: {

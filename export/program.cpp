@@ -203,7 +203,8 @@ const OpSchema& op_schema(OpKind op) {
       return kTopk;
     }
     // ---- issue 17: pooling
-    case OpKind::MaxPool2d: {
+    case OpKind::MaxPool2d:
+    case OpKind::MaxPool2dIndices: {
       static const OpSchema kMaxPool{1, {{"kernel_size", T::Ints}, {"stride", T::Ints}, {"padding", T::Ints},
                                          {"dilation", T::Ints}, {"ceil_mode", T::Bool}}};
       return kMaxPool;
@@ -565,18 +566,21 @@ Tensor execute(const Node& n, const std::vector<Tensor>& in, DType out_dtype) {
       return std::get<1>(topk(a(), attr_int(n, "k"), attr_int(n, "dim"), attr_bool(n, "largest")));
     // ---- issue 17: pooling
     case OpKind::MaxPool2d:
+    case OpKind::MaxPool2dIndices:
     case OpKind::AvgPool2d: {
       auto pair = [&](const char* name) {
         const std::vector<int64_t> v = attr_ints(n, name);
         TG_CHECK(v.size() == 2, "export: ", op_name(n.op), " attribute ", name, " has ", v.size(), " values, not 2");
         return nn::PoolSize(v[0], v[1]);
       };
-      if (n.op == OpKind::MaxPool2d)
-        return nn::functional::max_pool2d(a(), {.kernel_size = pair("kernel_size"),
-                                                .stride = pair("stride"),
-                                                .padding = pair("padding"),
-                                                .dilation = pair("dilation"),
-                                                .ceil_mode = attr_bool(n, "ceil_mode")});
+      if (n.op != OpKind::AvgPool2d) {
+        auto [v, idx] = nn::functional::max_pool2d_with_indices(a(), {.kernel_size = pair("kernel_size"),
+                                                                      .stride = pair("stride"),
+                                                                      .padding = pair("padding"),
+                                                                      .dilation = pair("dilation"),
+                                                                      .ceil_mode = attr_bool(n, "ceil_mode")});
+        return n.op == OpKind::MaxPool2d ? v : idx;
+      }
       const int64_t div = attr_int(n, "divisor_override");
       return nn::functional::avg_pool2d(a(), {.kernel_size = pair("kernel_size"),
                                               .stride = pair("stride"),

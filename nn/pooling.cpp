@@ -36,23 +36,33 @@ backend::Pool2dArgs window(PoolSize k, const std::optional<PoolSize>& s, PoolSiz
 }
 }  // namespace
 
-namespace functional {
-std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const MaxPool2dOptions& o) {
+namespace {
+// max_pool2d traced as the values (and, with_indices, the indices as a second node).
+std::tuple<Tensor, Tensor> max_pool(const Tensor& x, const MaxPool2dOptions& o, bool trace_indices) {
   backend::Pool2dArgs a = window(o.kernel_size, o.stride, o.padding);
   a.kind = backend::PoolKind::Max;
   a.dh = o.dilation.h;
   a.dw = o.dilation.w;
   auto res = pool("max_pool2d", x, a, o.ceil_mode);
-  TG_TRACE(MaxPool2d, std::get<0>(res), {x},
-           {{"kernel_size", std::vector<int64_t>{a.kh, a.kw}},
-            {"stride", std::vector<int64_t>{a.sh, a.sw}},
-            {"padding", std::vector<int64_t>{a.ph, a.pw}},
-            {"dilation", std::vector<int64_t>{a.dh, a.dw}},
-            {"ceil_mode", o.ceil_mode}});
+  auto attrs = [&] {
+    return std::vector<detail::TraceAttr>{{"kernel_size", std::vector<int64_t>{a.kh, a.kw}},
+                                          {"stride", std::vector<int64_t>{a.sh, a.sw}},
+                                          {"padding", std::vector<int64_t>{a.ph, a.pw}},
+                                          {"dilation", std::vector<int64_t>{a.dh, a.dw}},
+                                          {"ceil_mode", o.ceil_mode}};
+  };
+  TG_TRACE(MaxPool2d, std::get<0>(res), {x}, attrs());
+  if (trace_indices) TG_TRACE(MaxPool2dIndices, std::get<1>(res), {x}, attrs());
   return res;
 }
+}  // namespace
 
-Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) { return std::get<0>(max_pool2d_with_indices(x, o)); }
+namespace functional {
+std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const MaxPool2dOptions& o) {
+  return max_pool(x, o, true);
+}
+
+Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) { return std::get<0>(max_pool(x, o, false)); }
 
 Tensor avg_pool2d(const Tensor& x, const AvgPool2dOptions& o) {
   backend::Pool2dArgs a = window(o.kernel_size, o.stride, o.padding);

@@ -224,6 +224,18 @@ TEST(ExportOnnx, Pooling) {
   const auto dir = scratch("onnx");
   fs::create_directories(dir);
   EXPECT_THROW(tg::export_function(bad, {x}, {}).save_onnx((fs::path(dir) / "bad_pool.onnx").string()), tg::Error);
+  // The indices of max_pool2d_with_indices are a traced value, not a constant: run() recomputes them.
+  auto with_idx = [](const std::vector<tg::Tensor>& in) {
+    auto [v, i] = F::max_pool2d_with_indices(in[0], {.kernel_size = 2});
+    return std::vector<tg::Tensor>{v, i};
+  };
+  auto epi = tg::export_function(with_idx, {x}, {});
+  const tg::Tensor x2 = tg::randn({2, 3, 8, 6});
+  const auto gi = epi.run({x2}), wi = with_idx({x2});
+  EXPECT_EQ(to_f64(gi[0]), to_f64(wi[0]));
+  EXPECT_EQ(gi[1].dtype(), tg::kInt64);
+  EXPECT_EQ(to_f64(gi[1]), to_f64(wi[1]));
+  EXPECT_THROW(epi.save_onnx((fs::path(dir) / "pool_indices.onnx").string()), tg::Error);
   if (!have_onnx_python()) GTEST_SKIP() << "python3 with onnx, onnxruntime and numpy not found";
   check_with_onnxruntime(ep, {x5}, {"x"});
 }
