@@ -229,4 +229,14 @@ TotalNorm total_norm(const char* op, const std::vector<Tensor>& tensors, double 
 void multi_tensor_scale_(const char* op, const std::vector<Tensor>& tensors, const Tensor& factor);
 void multi_tensor_clamp_(const char* op, const std::vector<Tensor>& tensors, double lo, double hi);
 
+// ---- issue 17: pooling (core/native/pooling.cpp)
+// 2-d pooling of x ([C, H, W] or [N, C, H, W], any strides, floating). a: kind and window as the
+// caller sets them (AdaptiveAvg: OH, OW); ceil_mode: PyTorch's output-size rounding. Validates as
+// PyTorch (tg::Error naming op and shapes), fills a's planes, H, W, OH, OW, and returns out (x's
+// shape with OH, OW last) and, for Max, its int64 indices (h * W + w within the plane).
+std::pair<Tensor, Tensor> pool2d(const char* op, const Tensor& x, backend::Pool2dArgs& a, bool ceil_mode);
+// The gradient (in_shape, grad's dtype) of pool2d's input from grad (out's shape) and, for Max,
+// the saved indices.
+Tensor pool2d_backward(const backend::Pool2dArgs& a, const Tensor& grad, const Tensor& indices, const Shape& in_shape);
+
 }  // namespace tg::native

@@ -119,7 +119,12 @@ enum class AutocastCategory : uint8_t { None, Lower, Fp32, Promote };
   _(Sort, "sort", None) /* the values */    \
   _(Argsort, "argsort", None) /* sort's indices */ \
   _(Topk, "topk", None) /* the values */    \
-  _(TopkIndices, "topk_indices", None)
+  _(TopkIndices, "topk_indices", None) \
+  /* ---- issue 17: pooling */ \
+  _(MaxPool2d, "max_pool2d", None) /* x; kernel_size, stride, padding, dilation, ceil_mode */ \
+  _(MaxPool2dIndices, "max_pool2d_indices", None) /* max_pool2d_with_indices' indices: as max_pool2d */ \
+  _(AvgPool2d, "avg_pool2d", None) /* x; kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override (0: none) */ \
+  _(AdaptiveAvgPool2d, "adaptive_avg_pool2d", None) /* x; output_size */
 
 enum class OpKind : uint16_t {
 #define TG_OP_ENUM(name, str, cat) name,

@@ -757,6 +757,47 @@ void lower(OnnxGraph& g, const Program& p, const Node& n, const std::vector<std:
                      {attr_int("axis", d), attr_int("largest", largest), attr_int("sorted", 1)});
       return;
     }
+    // ---- issue 17: pooling: ONNX MaxPool / AveragePool / GlobalAveragePool on [N, C, H, W] (a 3-d
+    // input gets a batch dim of 1 around the node)
+    case OpKind::MaxPool2dIndices:
+      unsupported("max_pool2d's indices (ONNX counts them over the whole tensor)");
+      return;
+    case OpKind::MaxPool2d:
+    case OpKind::AvgPool2d:
+    case OpKind::AdaptiveAvgPool2d: {
+      if (in_rank != 3 && in_rank != 4) unsupported("pooling of a rank-" + std::to_string(in_rank) + " input");
+      std::string x = in_as(0, odt);
+      if (in_rank == 3) x = g.node("Unsqueeze", {x, g.ints({0})});
+      const std::string y = in_rank == 3 ? g.fresh() : out;
+      if (n.op == OpKind::AdaptiveAvgPool2d) {
+        const auto os = exporting::attr_ints(n, "output_size");
+        const int64_t H = iv(0).shape[in_rank - 2], W = iv(0).shape[in_rank - 1];
+        if (os[0] == 1 && os[1] == 1) {
+          g.node("GlobalAveragePool", {x}, y);
+        } else if (H % os[0] == 0 && W % os[1] == 0) {  // equal windows: a plain AveragePool
+          const std::vector<int64_t> k{H / os[0], W / os[1]};
+          g.node("AveragePool", {x}, y, {attr_ints("kernel_shape", k), attr_ints("strides", k)});
+        } else {
+          unsupported("adaptive_avg_pool2d with windows of unequal sizes");
+        }
+      } else {
+        if (exporting::attr_bool(n, "ceil_mode")) unsupported("pooling with ceil_mode (ONNX's output size differs)");
+        const auto k = exporting::attr_ints(n, "kernel_size"), st = exporting::attr_ints(n, "stride");
+        const auto pad = exporting::attr_ints(n, "padding");
+        std::vector<OnnxAttr> attrs{attr_ints("kernel_shape", k), attr_ints("strides", st),
+                                    attr_ints("pads", {pad[0], pad[1], pad[0], pad[1]})};
+        if (n.op == OpKind::MaxPool2d) {
+          attrs.push_back(attr_ints("dilations", exporting::attr_ints(n, "dilation")));
+          g.node("MaxPool", {x}, y, attrs);
+        } else {
+          if (exporting::attr_int(n, "divisor_override") != 0) unsupported("avg_pool2d with divisor_override");
+          attrs.push_back(attr_int("count_include_pad", exporting::attr_bool(n, "count_include_pad") ? 1 : 0));
+          g.node("AveragePool", {x}, y, attrs);
+        }
+      }
+      if (in_rank == 3) g.node("Squeeze", {y, g.ints({0})}, out);
+      return;
+    }
   }
   unsupported("no ONNX lowering for this op");
 }

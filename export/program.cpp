@@ -17,6 +17,8 @@
 #include <tapegrad/nn/dropout.h>
 #include <tapegrad/nn/embedding.h>
 #include <tapegrad/nn/normalization.h>
+// ---- issue 17: pooling
+#include <tapegrad/nn/pooling.h>
 
 namespace tg::exporting {
 
@@ -199,6 +201,23 @@ const OpSchema& op_schema(OpKind op) {
     case OpKind::TopkIndices: {
       static const OpSchema kTopk{1, {{"k", T::Int}, {"dim", T::Int}, {"largest", T::Bool}}};
       return kTopk;
+    }
+    // ---- issue 17: pooling
+    case OpKind::MaxPool2d:
+    case OpKind::MaxPool2dIndices: {
+      static const OpSchema kMaxPool{1, {{"kernel_size", T::Ints}, {"stride", T::Ints}, {"padding", T::Ints},
+                                         {"dilation", T::Ints}, {"ceil_mode", T::Bool}}};
+      return kMaxPool;
+    }
+    case OpKind::AvgPool2d: {
+      static const OpSchema kAvgPool{1, {{"kernel_size", T::Ints}, {"stride", T::Ints}, {"padding", T::Ints},
+                                         {"ceil_mode", T::Bool}, {"count_include_pad", T::Bool},
+                                         {"divisor_override", T::Int}}};
+      return kAvgPool;
+    }
+    case OpKind::AdaptiveAvgPool2d: {
+      static const OpSchema kAdaptivePool{1, {{"output_size", T::Ints}}};
+      return kAdaptivePool;
     }
   }
   TG_ERROR("export: no schema for op ", static_cast<int>(op));
@@ -545,6 +564,36 @@ Tensor execute(const Node& n, const std::vector<Tensor>& in, DType out_dtype) {
     case OpKind::Topk: return std::get<0>(topk(a(), attr_int(n, "k"), attr_int(n, "dim"), attr_bool(n, "largest")));
     case OpKind::TopkIndices:
       return std::get<1>(topk(a(), attr_int(n, "k"), attr_int(n, "dim"), attr_bool(n, "largest")));
+    // ---- issue 17: pooling
+    case OpKind::MaxPool2d:
+    case OpKind::MaxPool2dIndices:
+    case OpKind::AvgPool2d: {
+      auto pair = [&](const char* name) {
+        const std::vector<int64_t> v = attr_ints(n, name);
+        TG_CHECK(v.size() == 2, "export: ", op_name(n.op), " attribute ", name, " has ", v.size(), " values, not 2");
+        return nn::PoolSize(v[0], v[1]);
+      };
+      if (n.op != OpKind::AvgPool2d) {
+        auto [v, idx] = nn::functional::max_pool2d_with_indices(a(), {.kernel_size = pair("kernel_size"),
+                                                                      .stride = pair("stride"),
+                                                                      .padding = pair("padding"),
+                                                                      .dilation = pair("dilation"),
+                                                                      .ceil_mode = attr_bool(n, "ceil_mode")});
+        return n.op == OpKind::MaxPool2d ? v : idx;
+      }
+      const int64_t div = attr_int(n, "divisor_override");
+      return nn::functional::avg_pool2d(a(), {.kernel_size = pair("kernel_size"),
+                                              .stride = pair("stride"),
+                                              .padding = pair("padding"),
+                                              .ceil_mode = attr_bool(n, "ceil_mode"),
+                                              .count_include_pad = attr_bool(n, "count_include_pad"),
+                                              .divisor_override = div ? std::optional<int64_t>(div) : std::nullopt});
+    }
+    case OpKind::AdaptiveAvgPool2d: {
+      const std::vector<int64_t> v = attr_ints(n, "output_size");
+      TG_CHECK(v.size() == 2, "export: adaptive_avg_pool2d output_size has ", v.size(), " values, not 2");
+      return nn::functional::adaptive_avg_pool2d(a(), {v[0], v[1]});
+    }
   }
   TG_ERROR("export: cannot execute op ", static_cast<int>(n.op));
 }

@@ -16,6 +16,8 @@
 #include <tapegrad/nn/normalization.h>
 // ---- issue 16: gradient clipping
 #include <tapegrad/nn/clip_grad.h>
+// ---- issue 17: pooling, Flatten
+#include <tapegrad/nn/pooling.h>
 
 // ---- issue 16: whole training state in one checkpoint
 #include <tapegrad/nn/checkpoint.h>

@@ -314,6 +314,18 @@ class Backend {
   virtual void multi_tensor_scale(const std::vector<Tensor>& tensors, const Tensor& factor);
   // t = min(max(t, lo), hi) in place for every t (contiguous, floating); NaN stays NaN, lo > hi gives hi.
   virtual void multi_tensor_clamp(const std::vector<Tensor>& tensors, double lo, double hi);
+
+  // ---- issue 17: pooling (core/native/pooling.cpp; the defaults throw)
+  // out[p, oh, ow] from the window of plane p of x (struct Pool2dArgs, core/backend/pool_window.h);
+  // x, out contiguous [planes, H, W] / [planes, OH, OW] of one floating dtype; indices (Max only,
+  // else undefined): contiguous int64 [planes, OH, OW], h * W + w of the first maximum in window
+  // order (NaN counts as the maximum). Accumulates in float (double for float64).
+  virtual void pool2d(const struct Pool2dArgs& a, const Tensor& out, const Tensor& indices, const Tensor& x);
+  // grad_in [planes, H, W] (every element written) from grad_out [planes, OH, OW], both contiguous
+  // of one dtype: each input element sums, in a fixed order, over the windows that contain it (Max:
+  // those whose index is this element). No atomics: deterministic.
+  virtual void pool2d_backward(const struct Pool2dArgs& a, const Tensor& grad_in, const Tensor& grad_out,
+                               const Tensor& indices);
 };
 inline constexpr int kMaxAddN = 32;
 inline constexpr int kMaxGatherRows = 8;
@@ -339,6 +351,21 @@ struct NormBackwardArgs {
   Tensor grad_x, grad_weight, grad_bias;
   int64_t rows = 0, cols = 0;
   bool rms = false;
+};
+
+// ---- issue 17: pooling
+// A 2-d pooling over `planes` planes of H x W into OH x OW (validated by core/native/pooling.cpp).
+// Max: window rows oh * sh - ph + i * dh, i < kh (likewise columns), out-of-range cells skipped.
+// Avg: rows [oh * sh - ph, + kh) cut at H + ph for the padded count, at [0, H) for the sum; divides by
+// divisor when > 0, else the padded count (count_include_pad) or the in-range count.
+// AdaptiveAvg: rows [floor(oh * H / OH), ceil((oh + 1) * H / OH)), the mean over the window.
+enum class PoolKind : uint8_t { Max, Avg, AdaptiveAvg };
+struct Pool2dArgs {
+  PoolKind kind = PoolKind::Max;
+  int64_t planes = 0, H = 0, W = 0, OH = 0, OW = 0;
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
+  bool count_include_pad = true;
+  int64_t divisor = 0;
 };
 
 Backend& get(DeviceType type);

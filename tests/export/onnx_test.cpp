@@ -194,3 +194,48 @@ TEST(ExportOnnx, DropoutInTrainingModeIsTraced) {
   fs::create_directories(dir);
   ep.save_onnx((fs::path(dir) / "dropout.onnx").string());
 }
+
+// ---- issue 17: pooling: traced, replayed by run(), lowered to MaxPool / AveragePool /
+// GlobalAveragePool; what ONNX cannot express is a tg::Error.
+TEST(ExportOnnx, Pooling) {
+  namespace F = tg::nn::functional;
+  auto fn = [](const std::vector<tg::Tensor>& in) {
+    tg::Tensor x = in[0];
+    tg::Tensor a = F::max_pool2d(x, {.kernel_size = 3, .stride = 2, .padding = 1, .dilation = {1, 2}});
+    tg::Tensor b = F::avg_pool2d(x, {.kernel_size = {3, 2}, .stride = 2, .padding = {1, 0}, .count_include_pad = false});
+    tg::Tensor c = F::adaptive_avg_pool2d(x, 1);
+    tg::Tensor d = F::adaptive_avg_pool2d(x, {4, 3});
+    return std::vector<tg::Tensor>{a, b, c, d};
+  };
+  tg::manual_seed(17);
+  const tg::Tensor x = tg::randn({2, 3, 8, 6});
+  auto ep = tg::export_function(fn, {x}, {}, {.dynamic_batch = true});
+  EXPECT_NE(ep.graph().find("max_pool2d("), std::string::npos) << ep.graph();
+  const tg::Tensor x5 = tg::randn({5, 3, 8, 6});
+  const auto got = ep.run({x5}), want = fn({x5});
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].sizes(), want[i].sizes()) << i;
+    EXPECT_EQ(to_f64(got[i]), to_f64(want[i])) << i;
+  }
+  auto bad = [](const std::vector<tg::Tensor>& in) {
+    return std::vector<tg::Tensor>{F::avg_pool2d(in[0], {.kernel_size = 2, .divisor_override = 3})};
+  };
+  const auto dir = scratch("onnx");
+  fs::create_directories(dir);
+  EXPECT_THROW(tg::export_function(bad, {x}, {}).save_onnx((fs::path(dir) / "bad_pool.onnx").string()), tg::Error);
+  // The indices of max_pool2d_with_indices are a traced value, not a constant: run() recomputes them.
+  auto with_idx = [](const std::vector<tg::Tensor>& in) {
+    auto [v, i] = F::max_pool2d_with_indices(in[0], {.kernel_size = 2});
+    return std::vector<tg::Tensor>{v, i};
+  };
+  auto epi = tg::export_function(with_idx, {x}, {});
+  const tg::Tensor x2 = tg::randn({2, 3, 8, 6});
+  const auto gi = epi.run({x2}), wi = with_idx({x2});
+  EXPECT_EQ(to_f64(gi[0]), to_f64(wi[0]));
+  EXPECT_EQ(gi[1].dtype(), tg::kInt64);
+  EXPECT_EQ(to_f64(gi[1]), to_f64(wi[1]));
+  EXPECT_THROW(epi.save_onnx((fs::path(dir) / "pool_indices.onnx").string()), tg::Error);
+  if (!have_onnx_python()) GTEST_SKIP() << "python3 with onnx, onnxruntime and numpy not found";
+  check_with_onnxruntime(ep, {x5}, {"x"});
+}

@@ -66,6 +66,11 @@ void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& 
 void cumsum(const Tensor& out, const Tensor& in);
 void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool descending);
 
+// ---- issue 17: pooling (pooling.cpp)
+void pool2d(const backend::Pool2dArgs& a, const Tensor& out, const Tensor& indices, const Tensor& x);
+void pool2d_backward(const backend::Pool2dArgs& a, const Tensor& grad_in, const Tensor& grad_out,
+                     const Tensor& indices);
+
 // ---- issue 16: gradient clipping (clip_grad.cpp)
 void total_norm(const std::vector<Tensor>& tensors, double norm_type, const Tensor& total, const Tensor& coef,
                 double max_norm);

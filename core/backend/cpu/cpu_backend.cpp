@@ -100,6 +100,14 @@ class CpuBackend final : public backend::Backend {
   void sort(const Tensor& values, const Tensor& indices, const Tensor& in, bool descending) override {
     cpu::sort(values, indices, in, descending);
   }
+  // ---- issue 17: pooling
+  void pool2d(const backend::Pool2dArgs& a, const Tensor& out, const Tensor& indices, const Tensor& x) override {
+    cpu::pool2d(a, out, indices, x);
+  }
+  void pool2d_backward(const backend::Pool2dArgs& a, const Tensor& grad_in, const Tensor& grad_out,
+                       const Tensor& indices) override {
+    cpu::pool2d_backward(a, grad_in, grad_out, indices);
+  }
   // ---- issue 16: gradient clipping
   void total_norm(const std::vector<Tensor>& tensors, double norm_type, const Tensor& total, const Tensor& coef,
                   double max_norm) override {

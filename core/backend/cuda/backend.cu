@@ -176,6 +176,18 @@ class CudaBackend final : public Backend {
     cuda::detail::DeviceGuard guard(device_of(in));
     cuda::kern::sort(values, indices, in, descending);
   }
+  // ---- issue 17: pooling
+  void pool2d(const backend::Pool2dArgs& a, const Tensor& out, const Tensor& indices, const Tensor& x) override {
+    if (out.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(x));
+    cuda::kern::pool2d(a, out, indices, x);
+  }
+  void pool2d_backward(const backend::Pool2dArgs& a, const Tensor& grad_in, const Tensor& grad_out,
+                       const Tensor& indices) override {
+    if (grad_in.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(grad_in));
+    cuda::kern::pool2d_backward(a, grad_in, grad_out, indices);
+  }
   // ---- issue 16: gradient clipping
   void total_norm(const std::vector<Tensor>& tensors, double norm_type, const Tensor& total, const Tensor& coef,
                   double max_norm) override {

@@ -1,0 +1,128 @@
+// max_pool2d / avg_pool2d / adaptive_avg_pool2d with their backward right below, and the modules.
+#include <tapegrad/nn/pooling.h>
+
+#include <vector>
+
+#include <tapegrad/autograd/function.h>
+#include <tapegrad/core/native.h>
+#include <tapegrad/core/trace.h>
+
+namespace tg::nn {
+
+namespace {
+// Runs the pool and records its backward (the input gradient only; indices saved for Max).
+std::tuple<Tensor, Tensor> pool(const char* op, const Tensor& x, backend::Pool2dArgs a, bool ceil_mode) {
+  auto [out, indices] = native::pool2d(op, x, a, ceil_mode);
+  if (!autograd::should_record(x)) return {out, indices};
+  autograd::SavedTensor si = indices.defined() ? autograd::SavedTensor(indices, op) : autograd::SavedTensor();
+  const Shape in_shape = x.sizes();
+  out = autograd::record(op, {x}, std::move(out),
+                         [a, si, in_shape](const Tensor& g, const autograd::FunctionNode&) -> std::vector<Tensor> {
+                           return {native::pool2d_backward(a, g, si.unpack(), in_shape)};
+                         });
+  return {out, indices};
+}
+
+backend::Pool2dArgs window(PoolSize k, const std::optional<PoolSize>& s, PoolSize p) {
+  backend::Pool2dArgs a;
+  a.kh = k.h;
+  a.kw = k.w;
+  const PoolSize st = s.value_or(k);
+  a.sh = st.h;
+  a.sw = st.w;
+  a.ph = p.h;
+  a.pw = p.w;
+  return a;
+}
+}  // namespace
+
+namespace {
+// max_pool2d traced as the values (and, with_indices, the indices as a second node).
+std::tuple<Tensor, Tensor> max_pool(const Tensor& x, const MaxPool2dOptions& o, bool trace_indices) {
+  backend::Pool2dArgs a = window(o.kernel_size, o.stride, o.padding);
+  a.kind = backend::PoolKind::Max;
+  a.dh = o.dilation.h;
+  a.dw = o.dilation.w;
+  auto res = pool("max_pool2d", x, a, o.ceil_mode);
+  auto attrs = [&] {
+    return std::vector<detail::TraceAttr>{{"kernel_size", std::vector<int64_t>{a.kh, a.kw}},
+                                          {"stride", std::vector<int64_t>{a.sh, a.sw}},
+                                          {"padding", std::vector<int64_t>{a.ph, a.pw}},
+                                          {"dilation", std::vector<int64_t>{a.dh, a.dw}},
+                                          {"ceil_mode", o.ceil_mode}};
+  };
+  TG_TRACE(MaxPool2d, std::get<0>(res), {x}, attrs());
+  if (trace_indices) TG_TRACE(MaxPool2dIndices, std::get<1>(res), {x}, attrs());
+  return res;
+}
+}  // namespace
+
+namespace functional {
+std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const MaxPool2dOptions& o) {
+  return max_pool(x, o, true);
+}
+
+Tensor max_pool2d(const Tensor& x, const MaxPool2dOptions& o) { return std::get<0>(max_pool(x, o, false)); }
+
+Tensor avg_pool2d(const Tensor& x, const AvgPool2dOptions& o) {
+  backend::Pool2dArgs a = window(o.kernel_size, o.stride, o.padding);
+  a.kind = backend::PoolKind::Avg;
+  a.count_include_pad = o.count_include_pad;
+  if (o.divisor_override) {
+    TG_CHECK(*o.divisor_override > 0, "avg_pool2d: divisor_override must be positive, got ", *o.divisor_override);
+    a.divisor = *o.divisor_override;
+  }
+  Tensor out = std::get<0>(pool("avg_pool2d", x, a, o.ceil_mode));
+  TG_TRACE(AvgPool2d, out, {x},
+           {{"kernel_size", std::vector<int64_t>{a.kh, a.kw}},
+            {"stride", std::vector<int64_t>{a.sh, a.sw}},
+            {"padding", std::vector<int64_t>{a.ph, a.pw}},
+            {"ceil_mode", o.ceil_mode},
+            {"count_include_pad", o.count_include_pad},
+            {"divisor_override", a.divisor}});
+  return out;
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, PoolSize output_size) {
+  backend::Pool2dArgs a;
+  a.kind = backend::PoolKind::AdaptiveAvg;
+  a.OH = output_size.h;
+  a.OW = output_size.w;
+  Tensor out = std::get<0>(pool("adaptive_avg_pool2d", x, a, false));
+  TG_TRACE(AdaptiveAvgPool2d, out, {x}, {{"output_size", std::vector<int64_t>{a.OH, a.OW}}});
+  return out;
+}
+}  // namespace functional
+
+MaxPool2d::MaxPool2d(PoolSize kernel_size, std::optional<PoolSize> stride, PoolSize padding, PoolSize dilation,
+                     bool ceil_mode)
+    : options{kernel_size, stride, padding, dilation, ceil_mode} {}
+MaxPool2d::MaxPool2d(const MaxPool2dOptions& o) : options(o) {}
+Tensor MaxPool2d::forward(const Tensor& x) { return functional::max_pool2d(x, options); }
+
+AvgPool2d::AvgPool2d(PoolSize kernel_size, std::optional<PoolSize> stride, PoolSize padding, bool ceil_mode,
+                     bool count_include_pad, std::optional<int64_t> divisor_override)
+    : options{kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override} {}
+AvgPool2d::AvgPool2d(const AvgPool2dOptions& o) : options(o) {}
+Tensor AvgPool2d::forward(const Tensor& x) { return functional::avg_pool2d(x, options); }
+
+AdaptiveAvgPool2d::AdaptiveAvgPool2d(PoolSize size) : output_size(size) {}
+Tensor AdaptiveAvgPool2d::forward(const Tensor& x) { return functional::adaptive_avg_pool2d(x, output_size); }
+
+Flatten::Flatten(int64_t start, int64_t end) : start_dim(start), end_dim(end) {}
+Tensor Flatten::forward(const Tensor& x) {
+  const int64_t d = x.dim() == 0 ? 1 : x.dim();
+  const int64_t s = start_dim < 0 ? start_dim + d : start_dim, e = end_dim < 0 ? end_dim + d : end_dim;
+  TG_CHECK(s >= 0 && s < d && e >= 0 && e < d && s <= e, "Flatten: start_dim ", start_dim, " and end_dim ", end_dim,
+           " invalid for input of shape ", x.sizes());
+  if (x.dim() == 0) return x.reshape({1});
+  Shape shape;
+  for (int64_t i = 0; i < s; ++i) shape.push_back(x.sizes()[i]);
+  int64_t m = 1;
+  for (int64_t i = s; i <= e; ++i) m *= x.sizes()[i];
+  shape.push_back(m);
+  for (int64_t i = e + 1; i < x.dim(); ++i) shape.push_back(x.sizes()[i]);
+  return x.reshape(shape);
+}
+
+}  // namespace tg::nn
