@@ -1,10 +1,13 @@
-// batch_norm / group_norm as layer_norm (fused forward and backward kernels) on a [rows, cols]
-// view of the input, the per-channel affine as broadcast mul / add; and the modules.
+// batch_norm (training: the native batch_norm kernels with the backward right below; eval: x * scale
+// + shift as broadcast ops), group_norm (layer_norm's fused kernels on [N * groups, rest], then the
+// per-channel affine as broadcast mul / add), and the modules.
 #include <tapegrad/nn/batch_norm.h>
 
 #include <cmath>
 
 #include <tapegrad/autograd/autograd.h>
+#include <tapegrad/autograd/function.h>
+#include <tapegrad/core/native.h>
 #include <tapegrad/core/ops.h>
 #include <tapegrad/nn/init.h>
 #include <tapegrad/nn/normalization.h>
@@ -44,6 +47,50 @@ Tensor affine_out(Tensor y, const Tensor& x, const Tensor& weight, const Tensor&
   if (bias.defined()) y = y + per_channel(bias, x, dt);
   return y.to(x.dtype()).contiguous();
 }
+
+// Training mode on a non-empty x: the fused kernels (native::batch_norm_*), batch statistics,
+// the running-stat update, and a node whose backward is one per-channel reduction and one
+// elementwise pass. Per-channel vectors in the accumulation dtype.
+Tensor batch_norm_train(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                        const Tensor& weight, const Tensor& bias, double momentum, double eps) {
+  const DType dt = compute_dtype(x.dtype());
+  const double count = static_cast<double>(x.numel() / x.sizes()[1]);
+  Tensor mean, invstd, scale, shift;
+  {
+    NoGradGuard no_grad;
+    native::BatchNormStats st = native::batch_norm_stats(x);
+    if (running_mean.defined()) {
+      running_mean.copy_(running_mean.to(dt) * (1 - momentum) + st.mean * momentum);
+      // unbiased variance, as PyTorch's running_var
+      running_var.copy_(running_var.to(dt) * (1 - momentum) + st.var * (momentum * count / (count - 1)));
+    }
+    mean = st.mean;
+    invstd = tg::rsqrt(st.var + eps);
+    scale = weight.defined() ? invstd * weight.detach().to(dt) : invstd;
+    if (bias.defined()) shift = bias.detach().to(dt);
+  }
+  Tensor y = native::batch_norm_elemt(x, mean, scale, shift);
+  if (!autograd::should_record(x, weight, bias)) return y;
+  const char* op = "batch_norm";
+  Tensor xs = native::contiguous(x);
+  autograd::SavedTensor sx(xs, op);
+  const DType wdt = weight.defined() ? weight.dtype() : dt, bdt = bias.defined() ? bias.dtype() : dt;
+  return autograd::record(
+      op, {x, weight, bias}, std::move(y),
+      [sx, mean, invstd, scale, count, wdt, bdt](const Tensor& g,
+                                                 const autograd::FunctionNode& n) -> std::vector<Tensor> {
+        NoGradGuard no_grad;
+        const Tensor xv = sx.unpack();
+        auto [sum_dy, sum_dy_xhat] = native::batch_norm_reduce(g, xv, mean, invstd);
+        std::vector<Tensor> out(3);
+        if (n.needs_input_grad(0))
+          out[0] = native::batch_norm_backward_elemt(g, xv, mean, invstd, scale, sum_dy * (1 / count),
+                                                     sum_dy_xhat * (1 / count));
+        if (n.needs_input_grad(1)) out[1] = sum_dy_xhat.to(wdt);
+        if (n.needs_input_grad(2)) out[2] = sum_dy.to(bdt);
+        return out;
+      });
+}
 }  // namespace
 
 namespace functional {
@@ -52,7 +99,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
                   const Tensor& bias, bool training, double momentum, double eps) {
   const char* op = "batch_norm";
   check_input(op, x, eps);
-  const int64_t n = x.sizes()[0], c = x.sizes()[1];
+  const int64_t c = x.sizes()[1];
   const int64_t per_channel_count = c == 0 ? 0 : x.numel() / c;  // N * prod(spatial)
   check_channel_vec(op, "weight", weight, x, c);
   check_channel_vec(op, "bias", bias, x, c);
@@ -65,9 +112,10 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
     TG_CHECK(per_channel_count != 1, op, ": Expected more than 1 value per channel when training, got input of shape ",
              x.sizes());
   const DType dt = compute_dtype(x.dtype());
-  Tensor xc = x.to(dt);
   const bool use_batch_stats = training || !running_mean.defined();
   if (!use_batch_stats) {
+    // Broadcast ops, which tracing records (so an exported eval-mode model keeps batch_norm).
+    Tensor xc = x.to(dt);
     // y = x * scale + shift, scale = rsqrt(running_var + eps) [* weight], shift = [bias] - mean * scale.
     Tensor scale = tg::rsqrt(running_var.to(dt) + eps);
     if (weight.defined()) scale = scale * weight.to(dt);
@@ -76,20 +124,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
     Tensor y = xc * per_channel(scale, x, dt) + per_channel(shift, x, dt);
     return y.to(x.dtype()).contiguous();
   }
-  // One row per channel: [C, N * prod(spatial)].
-  Tensor rows = xc.transpose(0, 1).reshape({c, per_channel_count});
-  if (running_mean.defined() && per_channel_count > 0) {
-    NoGradGuard no_grad;
-    Tensor mean = rows.mean({1});
-    Tensor var = rows.var({1}, false, 1);  // unbiased, as PyTorch's running_var
-    running_mean.copy_(running_mean.to(dt) * (1 - momentum) + mean * momentum);
-    running_var.copy_(running_var.to(dt) * (1 - momentum) + var * momentum);
-  }
-  Tensor normed = layer_norm(rows, {per_channel_count}, Tensor(), Tensor(), eps);
-  Shape moved = x.sizes();  // [C, N, spatial...]
-  moved[0] = c;
-  moved[1] = n;
-  return affine_out(normed.reshape(moved).transpose(0, 1), x, weight, bias);
+  if (x.numel() == 0) return affine_out(x.to(dt), x, weight, bias);  // nothing to normalize
+  return batch_norm_train(x, running_mean, running_var, weight, bias, momentum, eps);
 }
 
 Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps) {

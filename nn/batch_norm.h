@@ -1,7 +1,7 @@
 // Batch normalization and group normalization (issue 17): the functional ops and the modules
-// nn::BatchNorm1d, nn::BatchNorm2d, nn::GroupNorm. Both ops run through layer_norm's fused kernels
-// on a [rows, cols] view of the input (batch_norm: one row per channel; group_norm: one row per
-// (sample, group)), so forward and backward exist on every device layer_norm has.
+// nn::BatchNorm1d, nn::BatchNorm2d, nn::GroupNorm. batch_norm in training: its own per-channel
+// kernels (native::batch_norm_*); in eval: broadcast ops. group_norm: layer_norm's fused kernels on
+// one row per (sample, group).
 #pragma once
 #include <cstdint>
 #include <optional>
