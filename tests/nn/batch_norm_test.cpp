@@ -223,6 +223,32 @@ TEST_P(BN, HalfPrecisionWithinTolerance) {
   }
 }
 
+// Many elements per channel (the CUDA block loops several times) and many channels, float32.
+TEST_P(BN, LargerShapesFloat32) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  const Device d = to_device(GetParam());
+  tg::manual_seed(17);
+  for (const Shape& shape : {Shape{16, 5, 33, 17}, Shape{4, 300, 3}}) {
+    const int64_t c = shape[1], s = shape.numel() / (shape[0] * c);
+    Tensor x = (tg::randn(shape, f64(d)) * 2 + 3).to(kFloat32).detach().requires_grad_(true);
+    Tensor w = tg::randn({c}, TensorOptions(kFloat32).device(d)).requires_grad_(true);
+    Tensor b = tg::randn({c}, TensorOptions(kFloat32).device(d)).requires_grad_(true);
+    Tensor rm = tg::zeros({c}, TensorOptions(kFloat32).device(d)), rv = tg::ones({c}, TensorOptions(kFloat32).device(d));
+    Tensor g = tg::randn(shape, f64(d)).to(kFloat32);
+    RefBN ref = ref_batch_norm(host(x), {shape[0], c, s}, host(w), host(b), host(rm), host(rv), host(g), true, 0.1,
+                               1e-5);
+    Tensor y = F::batch_norm(x, rm, rv, w, b, true);
+    y.backward(g);
+    const double sum_tol = 1e-5 * std::sqrt(static_cast<double>(shape[0] * s)) * 4;
+    expect_near_vec(host(y), ref.y, 1e-4, 1e-4, "float32 y");
+    expect_near_vec(host(rm), ref.rm, 1e-5, 1e-5, "float32 running_mean");
+    expect_near_vec(host(rv), ref.rv, 1e-5, 1e-5, "float32 running_var");
+    expect_near_vec(host(x.grad()), ref.gx, 1e-4, 1e-4, "float32 grad x");
+    expect_near_vec(host(w.grad()), ref.gw, sum_tol, 1e-4, "float32 grad weight");
+    expect_near_vec(host(b.grad()), ref.gb, sum_tol, 1e-4, "float32 grad bias");
+  }
+}
+
 TEST_P(BN, GroupNormMatchesReferenceAndGradcheck) {
   TG_SKIP_WITHOUT_CUDA(GetParam());
   const Device d = to_device(GetParam());
