@@ -239,4 +239,20 @@ std::pair<Tensor, Tensor> pool2d(const char* op, const Tensor& x, backend::Pool2
 // the saved indices.
 Tensor pool2d_backward(const backend::Pool2dArgs& a, const Tensor& grad, const Tensor& indices, const Shape& in_shape);
 
+// ---- issue 17: batch_norm (core/native/batch_norm.cpp). x, dy: [N, C, *] of one floating dtype,
+// any layout, N * prod(*) >= 1 and C >= 1 (checked by the caller, nn/batch_norm.cpp); per-channel
+// vectors [C] in the accumulation dtype (float64 for float64 x, else float32) on x's device.
+struct BatchNormStats {
+  Tensor mean, var;  // var: biased
+};
+BatchNormStats batch_norm_stats(const Tensor& x);
+// (x - mean[c]) * scale[c] + shift[c] (shift may be undefined), contiguous, x's dtype.
+Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& scale, const Tensor& shift);
+// {sum dy, sum dy * (x - mean) * invstd} per channel.
+std::pair<Tensor, Tensor> batch_norm_reduce(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                                            const Tensor& invstd);
+// (dy - mean_dy[c] - (x - mean[c]) * invstd[c] * mean_dy_xhat[c]) * scale[c], contiguous, x's dtype.
+Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                                 const Tensor& scale, const Tensor& mean_dy, const Tensor& mean_dy_xhat);
+
 }  // namespace tg::native

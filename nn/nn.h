@@ -21,3 +21,6 @@
 
 // ---- issue 16: whole training state in one checkpoint
 #include <tapegrad/nn/checkpoint.h>
+
+// ---- issue 17: batch_norm, group_norm and their modules
+#include <tapegrad/nn/batch_norm.h>

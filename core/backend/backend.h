@@ -326,6 +326,25 @@ class Backend {
   // those whose index is this element). No atomics: deterministic.
   virtual void pool2d_backward(const struct Pool2dArgs& a, const Tensor& grad_in, const Tensor& grad_out,
                                const Tensor& indices);
+
+  // ---- issue 17: batch_norm (core/native/batch_norm.cpp; the defaults throw). x, dy, y, dx:
+  // contiguous [n, c, s] of one floating dtype (channel ch of sample i at (i * c + ch) * s);
+  // per-channel vectors: contiguous [c] of the accumulation dtype (float64 for float64, else
+  // float32), undefined where noted (= 0). n * s >= 1, c >= 1.
+  // mean and biased var of each channel (two passes: exact for a large mean).
+  virtual void batch_norm_stats(const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
+                                const Tensor& var);
+  // y = (x - mean[ch]) * scale[ch] + shift[ch] (shift may be undefined).
+  virtual void batch_norm_elemt(const Tensor& y, const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
+                                const Tensor& scale, const Tensor& shift);
+  // sum_dy[ch] = sum dy, sum_dy_xhat[ch] = sum dy * (x - mean[ch]) * invstd[ch].
+  virtual void batch_norm_reduce(const Tensor& dy, const Tensor& x, int64_t n, int64_t c, int64_t s,
+                                 const Tensor& mean, const Tensor& invstd, const Tensor& sum_dy,
+                                 const Tensor& sum_dy_xhat);
+  // dx = (dy - mean_dy[ch] - (x - mean[ch]) * invstd[ch] * mean_dy_xhat[ch]) * scale[ch].
+  virtual void batch_norm_backward_elemt(const Tensor& dx, const Tensor& dy, const Tensor& x, int64_t n, int64_t c,
+                                         int64_t s, const Tensor& mean, const Tensor& invstd, const Tensor& scale,
+                                         const Tensor& mean_dy, const Tensor& mean_dy_xhat);
 };
 inline constexpr int kMaxAddN = 32;
 inline constexpr int kMaxGatherRows = 8;

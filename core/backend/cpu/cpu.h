@@ -77,6 +77,16 @@ void total_norm(const std::vector<Tensor>& tensors, double norm_type, const Tens
 void multi_tensor_scale(const std::vector<Tensor>& tensors, const Tensor& factor);
 void multi_tensor_clamp(const std::vector<Tensor>& tensors, double lo, double hi);
 
+// ---- issue 17: batch_norm (batch_norm.cpp)
+void batch_norm_stats(const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean, const Tensor& var);
+void batch_norm_elemt(const Tensor& y, const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
+                      const Tensor& scale, const Tensor& shift);
+void batch_norm_reduce(const Tensor& dy, const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
+                       const Tensor& invstd, const Tensor& sum_dy, const Tensor& sum_dy_xhat);
+void batch_norm_backward_elemt(const Tensor& dx, const Tensor& dy, const Tensor& x, int64_t n, int64_t c, int64_t s,
+                               const Tensor& mean, const Tensor& invstd, const Tensor& scale, const Tensor& mean_dy,
+                               const Tensor& mean_dy_xhat);
+
 // Name of an elementwise op for error messages.
 const char* op_name(backend::ElemOp op);
 

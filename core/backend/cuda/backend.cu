@@ -204,6 +204,28 @@ class CudaBackend final : public Backend {
     cuda::detail::DeviceGuard guard(device_of(tensors.front()));
     cuda::kern::multi_tensor_clamp(tensors, lo, hi);
   }
+  // ---- issue 17: batch_norm
+  void batch_norm_stats(const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
+                        const Tensor& var) override {
+    cuda::detail::DeviceGuard guard(device_of(x));
+    cuda::kern::batch_norm_stats(x, n, c, s, mean, var);
+  }
+  void batch_norm_elemt(const Tensor& y, const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
+                        const Tensor& scale, const Tensor& shift) override {
+    cuda::detail::DeviceGuard guard(device_of(x));
+    cuda::kern::batch_norm_elemt(y, x, n, c, s, mean, scale, shift);
+  }
+  void batch_norm_reduce(const Tensor& dy, const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
+                         const Tensor& invstd, const Tensor& sum_dy, const Tensor& sum_dy_xhat) override {
+    cuda::detail::DeviceGuard guard(device_of(x));
+    cuda::kern::batch_norm_reduce(dy, x, n, c, s, mean, invstd, sum_dy, sum_dy_xhat);
+  }
+  void batch_norm_backward_elemt(const Tensor& dx, const Tensor& dy, const Tensor& x, int64_t n, int64_t c, int64_t s,
+                                 const Tensor& mean, const Tensor& invstd, const Tensor& scale, const Tensor& mean_dy,
+                                 const Tensor& mean_dy_xhat) override {
+    cuda::detail::DeviceGuard guard(device_of(x));
+    cuda::kern::batch_norm_backward_elemt(dx, dy, x, n, c, s, mean, invstd, scale, mean_dy, mean_dy_xhat);
+  }
 };
 
 }  // namespace

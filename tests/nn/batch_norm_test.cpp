@@ -1,0 +1,415 @@
+// batch_norm / group_norm and BatchNorm1d / BatchNorm2d / GroupNorm (issue 17), on the CPU and on
+// CUDA when present, against float64 references computed here on the host.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tests/autograd/common.h"
+
+namespace tg::testing {
+namespace {
+
+namespace F = tg::nn::functional;
+
+class BN : public ::testing::TestWithParam<Dev> {};
+INSTANTIATE_TEST_SUITE_P(Devices, BN, ::testing::Values(Dev::CPU, Dev::CUDA), dev_name);
+
+// x viewed as [n, c, s] (row-major): channel ch of sample i is x[(i * c + ch) * s + k].
+struct Layout {
+  int64_t n, c, s;
+  size_t at(int64_t i, int64_t ch, int64_t k) const { return static_cast<size_t>((i * c + ch) * s + k); }
+};
+
+struct RefBN {
+  std::vector<double> y, gx, gw, gb, rm, rv;
+};
+
+// batch_norm in float64. training: batch stats (biased for y, unbiased for the running update) and
+// the backward through them for upstream gradient g; eval: the running stats, dx = g * w * rstd.
+RefBN ref_batch_norm(const std::vector<double>& x, Layout L, const std::vector<double>& w,
+                     const std::vector<double>& b, std::vector<double> rm, std::vector<double> rv,
+                     const std::vector<double>& g, bool training, double momentum, double eps) {
+  RefBN r;
+  r.y.resize(x.size());
+  r.gx.resize(x.size());
+  r.gw.assign(L.c, 0);
+  r.gb.assign(L.c, 0);
+  const double m = static_cast<double>(L.n * L.s);
+  for (int64_t ch = 0; ch < L.c; ++ch) {
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < L.n; ++i)
+      for (int64_t k = 0; k < L.s; ++k) mean += x[L.at(i, ch, k)];
+    mean /= m;
+    for (int64_t i = 0; i < L.n; ++i)
+      for (int64_t k = 0; k < L.s; ++k) var += (x[L.at(i, ch, k)] - mean) * (x[L.at(i, ch, k)] - mean);
+    const double var_b = var / m, var_u = var / (m - 1);
+    const double use_mean = training ? mean : rm[ch], use_var = training ? var_b : rv[ch];
+    if (training && !rm.empty()) {
+      rm[ch] = (1 - momentum) * rm[ch] + momentum * mean;
+      rv[ch] = (1 - momentum) * rv[ch] + momentum * var_u;
+    }
+    const double rstd = 1 / std::sqrt(use_var + eps), wc = w.empty() ? 1 : w[ch], bc = b.empty() ? 0 : b[ch];
+    double s1 = 0, s2 = 0;  // sum(g), sum(g * xhat)
+    for (int64_t i = 0; i < L.n; ++i)
+      for (int64_t k = 0; k < L.s; ++k) {
+        const size_t j = L.at(i, ch, k);
+        const double xh = (x[j] - use_mean) * rstd;
+        r.y[j] = xh * wc + bc;
+        s1 += g[j];
+        s2 += g[j] * xh;
+      }
+    r.gw[ch] = s2;
+    r.gb[ch] = s1;
+    for (int64_t i = 0; i < L.n; ++i)
+      for (int64_t k = 0; k < L.s; ++k) {
+        const size_t j = L.at(i, ch, k);
+        const double xh = (x[j] - use_mean) * rstd;
+        r.gx[j] = training ? wc * rstd * (g[j] - s1 / m - xh * s2 / m) : wc * rstd * g[j];
+      }
+  }
+  r.rm = std::move(rm);
+  r.rv = std::move(rv);
+  return r;
+}
+
+// group_norm forward in float64.
+std::vector<double> ref_group_norm(const std::vector<double>& x, Layout L, int64_t groups,
+                                   const std::vector<double>& w, const std::vector<double>& b, double eps) {
+  std::vector<double> y(x.size());
+  const int64_t cg = L.c / groups;
+  for (int64_t i = 0; i < L.n; ++i)
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      double mean = 0, var = 0;
+      const double m = static_cast<double>(cg * L.s);
+      for (int64_t ch = gi * cg; ch < (gi + 1) * cg; ++ch)
+        for (int64_t k = 0; k < L.s; ++k) mean += x[L.at(i, ch, k)];
+      mean /= m;
+      for (int64_t ch = gi * cg; ch < (gi + 1) * cg; ++ch)
+        for (int64_t k = 0; k < L.s; ++k) var += (x[L.at(i, ch, k)] - mean) * (x[L.at(i, ch, k)] - mean);
+      const double rstd = 1 / std::sqrt(var / m + eps);
+      for (int64_t ch = gi * cg; ch < (gi + 1) * cg; ++ch)
+        for (int64_t k = 0; k < L.s; ++k) {
+          const size_t j = L.at(i, ch, k);
+          y[j] = (x[j] - mean) * rstd * (w.empty() ? 1 : w[ch]) + (b.empty() ? 0 : b[ch]);
+        }
+    }
+  return y;
+}
+
+TensorOptions f64(Device d) { return TensorOptions(kFloat64).device(d); }
+
+void check_batch_norm(Dev dev, bool training, const Shape& shape) {
+  const Device d = to_device(dev);
+  tg::manual_seed(11);
+  const int64_t c = shape[1];
+  int64_t s = 1;
+  for (size_t i = 2; i < shape.size(); ++i) s *= shape[i];
+  const Layout L{shape[0], c, s};
+  Tensor x = (tg::randn(shape, f64(d)) * 3 + 1.5).detach().requires_grad_(true);
+  Tensor w = tg::randn({c}, f64(d)).detach().requires_grad_(true);
+  Tensor b = tg::randn({c}, f64(d)).detach().requires_grad_(true);
+  Tensor rm = tg::randn({c}, f64(d)), rv = tg::rand({c}, f64(d)) + 0.5;
+  Tensor g = tg::randn(shape, f64(d));
+  RefBN ref = ref_batch_norm(host(x), L, host(w), host(b), host(rm), host(rv), host(g), training, 0.3, 1e-5);
+  Tensor y = F::batch_norm(x, rm, rv, w, b, training, 0.3, 1e-5);
+  ASSERT_EQ(y.sizes(), shape);
+  y.backward(g);
+  const std::string what = std::string("batch_norm ") + (training ? "train " : "eval ");
+  expect_near_vec(host(y), ref.y, 1e-10, 1e-10, what + "y");
+  expect_near_vec(host(rm), ref.rm, 1e-12, 1e-12, what + "running_mean");
+  expect_near_vec(host(rv), ref.rv, 1e-12, 1e-12, what + "running_var");
+  expect_near_vec(host(x.grad()), ref.gx, 1e-10, 1e-9, what + "grad x");
+  expect_near_vec(host(w.grad()), ref.gw, 1e-10, 1e-10, what + "grad weight");
+  expect_near_vec(host(b.grad()), ref.gb, 1e-10, 1e-10, what + "grad bias");
+}
+
+TEST_P(BN, TrainingMatchesReference) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  check_batch_norm(GetParam(), true, {4, 3, 2, 5});
+  check_batch_norm(GetParam(), true, {6, 5});
+  check_batch_norm(GetParam(), true, {2, 4, 7});
+}
+
+TEST_P(BN, EvalUsesRunningStats) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  check_batch_norm(GetParam(), false, {4, 3, 2, 5});
+  check_batch_norm(GetParam(), false, {6, 5});
+}
+
+TEST_P(BN, NoRunningStatsUsesBatchStatsEvenInEval) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  const Device d = to_device(GetParam());
+  Tensor x = tg::randn({5, 3, 4}, f64(d));
+  RefBN ref = ref_batch_norm(host(x), {5, 3, 4}, {}, {}, {}, {}, std::vector<double>(60, 0.0), true, 0.1, 1e-5);
+  expect_near_vec(host(F::batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), false)), ref.y, 1e-10, 1e-10,
+                  "batch_norm without running stats");
+}
+
+TEST_P(BN, GradcheckTrainAndEval) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  const Device d = to_device(GetParam());
+  tg::manual_seed(5);
+  Tensor x = tg::randn({3, 2, 2, 3}, f64(d)).requires_grad_(true);
+  Tensor w = tg::randn({2}, f64(d)).requires_grad_(true), b = tg::randn({2}, f64(d)).requires_grad_(true);
+  Tensor rm = tg::randn({2}, f64(d)), rv = tg::rand({2}, f64(d)) + 0.5;
+  for (bool training : {true, false}) {
+    auto rep = tg::autograd::gradcheck(
+        [&](const std::vector<Tensor>& in) {
+          Tensor m = rm.clone(), v = rv.clone();  // each call starts from the same running stats
+          return F::batch_norm(in[0], m, v, in[1], in[2], training, 0.1, 1e-3);
+        },
+        {x, w, b});
+    EXPECT_TRUE(rep.ok) << (training ? "train: " : "eval: ") << rep;
+  }
+  // Without affine, and a 2-d input; through a non-contiguous view made inside fn.
+  Tensor x2 = tg::randn({3, 6}, f64(d)).requires_grad_(true);
+  auto rep = tg::autograd::gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return F::batch_norm(in[0].t(), Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-3);
+      },
+      {x2});
+  EXPECT_TRUE(rep.ok) << rep;
+}
+
+TEST_P(BN, NonContiguousInput) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  const Device d = to_device(GetParam());
+  Tensor base = tg::randn({5, 4, 3}, f64(d));
+  Tensor x = base.permute({2, 1, 0});  // [3, 4, 5], not contiguous
+  ASSERT_FALSE(x.is_contiguous());
+  Tensor w = tg::randn({4}, f64(d)), b = tg::randn({4}, f64(d));
+  Tensor rm = tg::zeros({4}, f64(d)), rv = tg::ones({4}, f64(d));
+  const auto xs = host(x);
+  RefBN ref = ref_batch_norm(xs, {3, 4, 5}, host(w), host(b), host(rm), host(rv), std::vector<double>(60, 0.0), true,
+                             0.1, 1e-5);
+  Tensor y = F::batch_norm(x, rm, rv, w, b, true);
+  EXPECT_TRUE(y.is_contiguous());
+  expect_near_vec(host(y), ref.y, 1e-10, 1e-10, "batch_norm of a permuted input");
+  expect_near_vec(host(rm), ref.rm, 1e-12, 1e-12, "running_mean from a permuted input");
+  // Running stats that are themselves strided views are updated in place.
+  Tensor stats = tg::zeros({4, 2}, f64(d));
+  Tensor m = stats.select(1, 0), v = stats.select(1, 1);
+  v.fill_(1);
+  F::batch_norm(x, m, v, w, b, true);
+  expect_near_vec(host(m), ref.rm, 1e-12, 1e-12, "strided running_mean");
+  expect_near_vec(host(v), ref.rv, 1e-12, 1e-12, "strided running_var");
+}
+
+TEST_P(BN, HalfPrecisionWithinTolerance) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  const Device d = to_device(GetParam());
+  tg::manual_seed(9);
+  for (DType dt : {kFloat16, kBFloat16}) {
+    Tensor x = (tg::randn({8, 3, 4, 4}, f64(d)) * 2 + 1).to(dt).detach().requires_grad_(true);
+    // Float32 parameters and running stats with a reduced input, as a BatchNorm2d under autocast.
+    Tensor w = tg::randn({3}, TensorOptions(kFloat32).device(d)).requires_grad_(true);
+    Tensor b = tg::randn({3}, TensorOptions(kFloat32).device(d)).requires_grad_(true);
+    Tensor rm = tg::zeros({3}, TensorOptions(kFloat32).device(d)), rv = tg::ones({3}, TensorOptions(kFloat32).device(d));
+    Tensor g = tg::randn({8, 3, 4, 4}, f64(d)).to(dt);
+    RefBN ref = ref_batch_norm(host(x), {8, 3, 16}, host(w), host(b), host(rm), host(rv), host(g), true, 0.1, 1e-5);
+    Tensor y = F::batch_norm(x, rm, rv, w, b, true);
+    ASSERT_EQ(y.dtype(), dt);
+    EXPECT_EQ(rm.dtype(), kFloat32);
+    y.backward(g);
+    ASSERT_EQ(x.grad().dtype(), dt);
+    const double tol = dt == kFloat16 ? 4e-3 : 3e-2;  // one rounding of the output / grad
+    const std::string what = std::string("batch_norm ") + dtype_name(dt);
+    expect_near_vec(host(y), ref.y, tol, tol, what + " y");
+    expect_near_vec(host(rm), ref.rm, 1e-5, 1e-5, what + " running_mean");
+    expect_near_vec(host(rv), ref.rv, 1e-5, 1e-5, what + " running_var");
+    expect_near_vec(host(x.grad()), ref.gx, tol * 2, tol * 2, what + " grad x");
+    expect_near_vec(host(w.grad()), ref.gw, 1e-3 * 128, 1e-3, what + " grad weight");
+    expect_near_vec(host(b.grad()), ref.gb, 1e-3 * 128, 1e-3, what + " grad bias");
+  }
+}
+
+// Many elements per channel (the CUDA block loops several times) and many channels, float32.
+TEST_P(BN, LargerShapesFloat32) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  const Device d = to_device(GetParam());
+  tg::manual_seed(17);
+  for (const Shape& shape : {Shape{16, 5, 33, 17}, Shape{4, 300, 3}}) {
+    const int64_t c = shape[1], s = shape.numel() / (shape[0] * c);
+    Tensor x = (tg::randn(shape, f64(d)) * 2 + 3).to(kFloat32).detach().requires_grad_(true);
+    Tensor w = tg::randn({c}, TensorOptions(kFloat32).device(d)).requires_grad_(true);
+    Tensor b = tg::randn({c}, TensorOptions(kFloat32).device(d)).requires_grad_(true);
+    Tensor rm = tg::zeros({c}, TensorOptions(kFloat32).device(d)), rv = tg::ones({c}, TensorOptions(kFloat32).device(d));
+    Tensor g = tg::randn(shape, f64(d)).to(kFloat32);
+    RefBN ref = ref_batch_norm(host(x), {shape[0], c, s}, host(w), host(b), host(rm), host(rv), host(g), true, 0.1,
+                               1e-5);
+    Tensor y = F::batch_norm(x, rm, rv, w, b, true);
+    y.backward(g);
+    const double sum_tol = 1e-5 * std::sqrt(static_cast<double>(shape[0] * s)) * 4;
+    expect_near_vec(host(y), ref.y, 1e-4, 1e-4, "float32 y");
+    expect_near_vec(host(rm), ref.rm, 1e-5, 1e-5, "float32 running_mean");
+    expect_near_vec(host(rv), ref.rv, 1e-5, 1e-5, "float32 running_var");
+    expect_near_vec(host(x.grad()), ref.gx, 1e-4, 1e-4, "float32 grad x");
+    expect_near_vec(host(w.grad()), ref.gw, sum_tol, 1e-4, "float32 grad weight");
+    expect_near_vec(host(b.grad()), ref.gb, sum_tol, 1e-4, "float32 grad bias");
+  }
+}
+
+TEST_P(BN, GroupNormMatchesReferenceAndGradcheck) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  const Device d = to_device(GetParam());
+  tg::manual_seed(13);
+  Tensor x = tg::randn({3, 6, 2, 3}, f64(d)) * 2 + 1, w = tg::randn({6}, f64(d)), b = tg::randn({6}, f64(d));
+  for (int64_t groups : {1, 2, 3, 6}) {
+    auto ref = ref_group_norm(host(x), {3, 6, 6}, groups, host(w), host(b), 1e-5);
+    expect_near_vec(host(F::group_norm(x, groups, w, b)), ref, 1e-10, 1e-10,
+                    "group_norm groups=" + std::to_string(groups));
+  }
+  Tensor xt = x.transpose(2, 3);  // non-contiguous
+  auto ref = ref_group_norm(host(xt), {3, 6, 6}, 3, {}, {}, 1e-5);
+  expect_near_vec(host(F::group_norm(xt, 3)), ref, 1e-10, 1e-10, "group_norm of a transposed input");
+  auto rep = tg::autograd::gradcheck(
+      [&](const std::vector<Tensor>& in) { return F::group_norm(in[0], 2, in[1], in[2], 1e-3); },
+      {tg::randn({2, 4, 3}, f64(d)).requires_grad_(true), w.slice(0, 0, 4).clone().requires_grad_(true),
+       b.slice(0, 0, 4).clone().requires_grad_(true)});
+  EXPECT_TRUE(rep.ok) << rep;
+  // float16: computed in float32, returned in float16.
+  Tensor xh = x.to(kFloat16);
+  Tensor yh = F::group_norm(xh, 3, w.to(kFloat32), b.to(kFloat32));
+  ASSERT_EQ(yh.dtype(), kFloat16);
+  expect_near_vec(host(yh), ref_group_norm(host(xh), {3, 6, 6}, 3, host(w), host(b), 1e-5), 1e-2, 4e-3,
+                  "group_norm float16");
+}
+
+TEST(BatchNormErrors, BadInputsNameTheOpAndShapes) {
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  Tensor x = tg::randn({4, 3, 5});
+  std::string m = message([&] { F::batch_norm(x, tg::zeros({4}), tg::ones({4})); });
+  EXPECT_NE(m.find("batch_norm"), std::string::npos) << m;
+  EXPECT_NE(m.find("[4, 3, 5]"), std::string::npos) << m;
+  m = message([&] { F::batch_norm(tg::randn({1, 3}), Tensor(), Tensor(), Tensor(), Tensor(), true); });
+  EXPECT_NE(m.find("Expected more than 1 value per channel when training"), std::string::npos) << m;
+  EXPECT_NE(m.find("[1, 3]"), std::string::npos) << m;
+  EXPECT_NO_THROW(F::batch_norm(tg::randn({1, 3}), tg::zeros({3}), tg::ones({3})));  // eval is fine
+  EXPECT_THROW(F::batch_norm(x, tg::zeros({3}), Tensor()), Error);                    // one running stat
+  EXPECT_THROW(F::batch_norm(x, Tensor(), Tensor(), tg::ones({2})), Error);           // weight
+  EXPECT_THROW(F::batch_norm(tg::randn({3}), Tensor(), Tensor()), Error);             // 1-d
+  EXPECT_THROW(F::batch_norm(tg::ones({2, 3}, TensorOptions(kInt64)), Tensor(), Tensor()), Error);
+  EXPECT_THROW(F::batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, -1.0), Error);
+  m = message([&] { F::group_norm(tg::randn({2, 6, 3}), 4); });
+  EXPECT_NE(m.find("group_norm"), std::string::npos) << m;
+  EXPECT_NE(m.find("[2, 6, 3]"), std::string::npos) << m;
+  EXPECT_NE(m.find("groups = 4"), std::string::npos) << m;
+  EXPECT_THROW(F::group_norm(tg::randn({2, 6, 3}), 0), Error);
+  EXPECT_THROW(F::group_norm(tg::randn({2, 6, 3}), 2, tg::ones({3})), Error);
+  EXPECT_THROW(tg::nn::GroupNorm(4, 6), Error);
+  tg::nn::BatchNorm2d bn2(3);
+  m = message([&] { bn2(x); });
+  EXPECT_NE(m.find("BatchNorm2d"), std::string::npos) << m;
+  EXPECT_NE(m.find("[4, 3, 5]"), std::string::npos) << m;
+  tg::nn::BatchNorm1d bn1(3);
+  EXPECT_THROW(bn1(tg::randn({2, 3, 4, 4})), Error);
+  EXPECT_THROW(bn1(tg::randn({2, 4})), Error);  // channel mismatch
+}
+
+TEST(BatchNormModules, StateDictNamesAndDefaults) {
+  tg::nn::BatchNorm2d bn(4);
+  EXPECT_EQ(bn.state_dict().keys(),
+            (std::vector<std::string>{"weight", "bias", "running_mean", "running_var", "num_batches_tracked"}));
+  EXPECT_EQ(bn.parameters().size(), 2u);
+  expect_near_vec(host(bn.weight), std::vector<double>(4, 1), 0, 0, "weight ones");
+  expect_near_vec(host(bn.bias), std::vector<double>(4, 0), 0, 0, "bias zeros");
+  expect_near_vec(host(bn.running_mean), std::vector<double>(4, 0), 0, 0, "running_mean zeros");
+  expect_near_vec(host(bn.running_var), std::vector<double>(4, 1), 0, 0, "running_var ones");
+  EXPECT_EQ(bn.num_batches_tracked.dtype(), kInt64);
+  EXPECT_EQ(bn.num_batches_tracked.dim(), 0);
+  EXPECT_EQ(bn.num_batches_tracked.item<int64_t>(), 0);
+  tg::nn::BatchNorm1d plain(3, {.affine = false, .track_running_stats = false});
+  EXPECT_TRUE(plain.state_dict().empty());
+  tg::nn::BatchNorm1d no_affine(3, {.affine = false});
+  EXPECT_EQ(no_affine.state_dict().keys(),
+            (std::vector<std::string>{"running_mean", "running_var", "num_batches_tracked"}));
+  tg::nn::GroupNorm gn(2, 6);
+  EXPECT_EQ(gn.state_dict().keys(), (std::vector<std::string>{"weight", "bias"}));
+  expect_near_vec(host(gn.weight), std::vector<double>(6, 1), 0, 0, "GroupNorm weight ones");
+  tg::nn::GroupNorm gn_plain(2, 6, {.eps = 1e-3, .affine = false});
+  EXPECT_TRUE(gn_plain.state_dict().empty());
+  Tensor x = tg::randn({2, 6, 5});
+  expect_near_vec(host(gn(x)), ref_group_norm(host(x), {2, 6, 5}, 2, {}, {}, 1e-5), 1e-5, 1e-5, "GroupNorm forward");
+}
+
+TEST(BatchNormModules, TrainUpdatesStatsEvalUsesThem) {
+  tg::manual_seed(21);
+  tg::nn::BatchNorm2d bn(3, {.momentum = 0.2}, TensorOptions(kFloat64));
+  std::vector<double> rm(3, 0), rv(3, 1);
+  for (int step = 0; step < 3; ++step) {
+    Tensor x = tg::randn({4, 3, 2, 2}, TensorOptions(kFloat64)) + step;
+    RefBN ref = ref_batch_norm(host(x), {4, 3, 4}, {}, {}, rm, rv, std::vector<double>(48, 0.0), true, 0.2, 1e-5);
+    expect_near_vec(host(bn(x)), ref.y, 1e-10, 1e-10, "BatchNorm2d train y");
+    rm = ref.rm;
+    rv = ref.rv;
+    expect_near_vec(host(bn.running_mean), rm, 1e-12, 1e-12, "BatchNorm2d running_mean");
+    expect_near_vec(host(bn.running_var), rv, 1e-12, 1e-12, "BatchNorm2d running_var");
+    EXPECT_EQ(bn.num_batches_tracked.item<int64_t>(), step + 1);
+  }
+  bn.eval();
+  const std::vector<double> before = host(bn.running_mean);
+  Tensor x = tg::randn({2, 3, 2, 2}, TensorOptions(kFloat64));
+  RefBN ref = ref_batch_norm(host(x), {2, 3, 4}, {}, {}, rm, rv, std::vector<double>(24, 0.0), false, 0.2, 1e-5);
+  expect_near_vec(host(bn(x)), ref.y, 1e-10, 1e-10, "BatchNorm2d eval y");
+  expect_near_vec(host(bn.running_mean), before, 0, 0, "eval leaves running_mean");
+  EXPECT_EQ(bn.num_batches_tracked.item<int64_t>(), 3);
+  // Eval accepts one value per channel; train refuses it.
+  EXPECT_NO_THROW(bn(tg::randn({1, 3, 1, 1}, TensorOptions(kFloat64))));
+  bn.train();
+  EXPECT_THROW(bn(tg::randn({1, 3, 1, 1}, TensorOptions(kFloat64))), Error);
+}
+
+TEST(BatchNormModules, MomentumNoneIsCumulativeAverage) {
+  tg::manual_seed(22);
+  tg::nn::BatchNorm1d bn(2, {.momentum = std::nullopt}, TensorOptions(kFloat64));
+  std::vector<std::vector<double>> means, vars;
+  for (int step = 0; step < 4; ++step) {
+    Tensor x = tg::randn({5, 2}, TensorOptions(kFloat64)) * (step + 1);
+    bn(x);
+    RefBN ref = ref_batch_norm(host(x), {5, 2, 1}, {}, {}, {0, 0}, {0, 0}, std::vector<double>(10, 0.0), true, 1.0,
+                               1e-5);
+    means.push_back(ref.rm);  // momentum 1 from zeros: the batch's own statistics
+    vars.push_back(ref.rv);
+  }
+  for (int ch = 0; ch < 2; ++ch) {
+    double m = 0, v = 0;
+    for (int s = 0; s < 4; ++s) m += means[s][ch] / 4, v += vars[s][ch] / 4;
+    EXPECT_NEAR(host(bn.running_mean)[ch], m, 1e-12);
+    EXPECT_NEAR(host(bn.running_var)[ch], v, 1e-12);
+  }
+}
+
+TEST(BatchNormModules, NoTrackingUsesBatchStatsInEvalAndGradientsFlow) {
+  tg::nn::BatchNorm1d bn(3, {.track_running_stats = false}, TensorOptions(kFloat64));
+  bn.eval();
+  Tensor x = tg::randn({4, 3, 2}, TensorOptions(kFloat64)).requires_grad_(true);
+  RefBN ref = ref_batch_norm(host(x), {4, 3, 2}, {}, {}, {}, {}, std::vector<double>(24, 1.0), true, 0.1, 1e-5);
+  Tensor y = bn(x);
+  expect_near_vec(host(y), ref.y, 1e-10, 1e-10, "BatchNorm1d untracked eval y");
+  (y * y).sum().backward();
+  ASSERT_TRUE(bn.weight.grad().defined());
+  ASSERT_TRUE(x.grad().defined());
+  // d/dw sum(y^2) with y = xhat * 1 + 0 is 2 * sum(xhat^2) = 2 * count per channel (biased var, eps small).
+  expect_near_vec(host(bn.weight.grad()), std::vector<double>(3, 16.0), 1e-3, 1e-4, "weight grad");
+}
+
+TEST(BatchNormAutocast, ReducedInReducedOut) {
+  Tensor x = tg::randn({4, 3, 2}).to(kBFloat16);
+  tg::nn::BatchNorm1d bn(3);
+  tg::amp::autocast guard(kCPU);
+  Tensor y = bn(x);
+  EXPECT_EQ(y.dtype(), kBFloat16);
+  EXPECT_EQ(bn.running_mean.dtype(), kFloat32);
+  tg::nn::GroupNorm gn(1, 3);
+  EXPECT_EQ(gn(x).dtype(), kBFloat16);
+}
+
+}  // namespace
+}  // namespace tg::testing
