@@ -119,7 +119,10 @@ enum class AutocastCategory : uint8_t { None, Lower, Fp32, Promote };
   _(Sort, "sort", None) /* the values */    \
   _(Argsort, "argsort", None) /* sort's indices */ \
   _(Topk, "topk", None) /* the values */    \
-  _(TopkIndices, "topk_indices", None)
+  _(TopkIndices, "topk_indices", None) \
+  /* ---- issue 17: convolution; x, weight[, bias]; stride, padding, dilation (one per spatial dim), groups, same */ \
+  _(Conv1d, "conv1d", Lower)                \
+  _(Conv2d, "conv2d", Lower)
 
 enum class OpKind : uint16_t {
 #define TG_OP_ENUM(name, str, cat) name,

@@ -17,6 +17,8 @@
 #include <tapegrad/nn/dropout.h>
 #include <tapegrad/nn/embedding.h>
 #include <tapegrad/nn/normalization.h>
+// ---- issue 17: convolution
+#include <tapegrad/nn/conv.h>
 
 namespace tg::exporting {
 
@@ -199,6 +201,18 @@ const OpSchema& op_schema(OpKind op) {
     case OpKind::TopkIndices: {
       static const OpSchema kTopk{1, {{"k", T::Int}, {"dim", T::Int}, {"largest", T::Bool}}};
       return kTopk;
+    }
+    // ---- issue 17: convolution
+    case OpKind::Conv1d:
+    case OpKind::Conv2d: {
+      static const OpSchema kConv{3,
+                                  {{"stride", T::Ints},
+                                   {"padding", T::Ints},
+                                   {"dilation", T::Ints},
+                                   {"groups", T::Int},
+                                   {"same", T::Bool}},
+                                  1};  // x, weight[, bias]
+      return kConv;
     }
   }
   TG_ERROR("export: no schema for op ", static_cast<int>(op));
@@ -545,6 +559,28 @@ Tensor execute(const Node& n, const std::vector<Tensor>& in, DType out_dtype) {
     case OpKind::Topk: return std::get<0>(topk(a(), attr_int(n, "k"), attr_int(n, "dim"), attr_bool(n, "largest")));
     case OpKind::TopkIndices:
       return std::get<1>(topk(a(), attr_int(n, "k"), attr_int(n, "dim"), attr_bool(n, "largest")));
+    // ---- issue 17: convolution
+    case OpKind::Conv1d:
+    case OpKind::Conv2d: {
+      const auto st = attr_ints(n, "stride"), pd = attr_ints(n, "padding"), dl = attr_ints(n, "dilation");
+      const size_t d = n.op == OpKind::Conv1d ? 1 : 2;
+      TG_CHECK(st.size() == d && pd.size() == d && dl.size() == d, "export: ", op_name(n.op),
+               " node with option lists of the wrong length");
+      const Tensor bias = in.size() > 2 ? in[2] : Tensor();
+      const bool same = attr_bool(n, "same");
+      if (d == 1)
+        return nn::functional::conv1d(a(), b(), bias,
+                                      {.stride = st[0],
+                                       .padding = same ? nn::ConvPadding<1>("same") : nn::ConvPadding<1>(pd[0]),
+                                       .dilation = dl[0],
+                                       .groups = attr_int(n, "groups")});
+      return nn::functional::conv2d(
+          a(), b(), bias,
+          {.stride = {st[0], st[1]},
+           .padding = same ? nn::ConvPadding<2>("same") : nn::ConvPadding<2>({pd[0], pd[1]}),
+           .dilation = {dl[0], dl[1]},
+           .groups = attr_int(n, "groups")});
+    }
   }
   TG_ERROR("export: cannot execute op ", static_cast<int>(n.op));
 }

@@ -19,3 +19,6 @@
 
 // ---- issue 16: whole training state in one checkpoint
 #include <tapegrad/nn/checkpoint.h>
+
+// ---- issue 17: convolution
+#include <tapegrad/nn/conv.h>

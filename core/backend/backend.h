@@ -314,6 +314,10 @@ class Backend {
   virtual void multi_tensor_scale(const std::vector<Tensor>& tensors, const Tensor& factor);
   // t = min(max(t, lo), hi) in place for every t (contiguous, floating); NaN stays NaN, lo > hi gives hi.
   virtual void multi_tensor_clamp(const std::vector<Tensor>& tensors, double lo, double hi);
+
+  // ---- issue 17: convolution (core/native/conv.cpp; the defaults throw)
+  virtual void conv2d(const struct ConvArgs& a);
+  virtual void conv2d_backward(const struct ConvBackwardArgs& a);
 };
 inline constexpr int kMaxAddN = 32;
 inline constexpr int kMaxGatherRows = 8;
@@ -339,6 +343,24 @@ struct NormBackwardArgs {
   Tensor grad_x, grad_weight, grad_bias;
   int64_t rows = 0, cols = 0;
   bool rms = false;
+};
+
+// ---- issue 17: convolution
+// 2-d cross-correlation as PyTorch's conv2d: x contiguous [N, C, H, W]; weight contiguous
+// [Co, C / groups, KH, KW]; bias contiguous [Co] or undefined; out contiguous [N, Co, OH, OW],
+// all one floating dtype. Input pixel of output (oh, ow) and tap (i, j):
+// (oh * stride[0] - pad[0] + i * dilation[0], ow * stride[1] - pad[1] + j * dilation[1]), zero
+// outside the input (the trailing padding is implied by OH, OW). N, Co, OH, OW >= 1.
+struct ConvArgs {
+  Tensor x, weight, bias, out;
+  int64_t stride[2] = {1, 1}, pad[2] = {0, 0}, dilation[2] = {1, 1};
+  int64_t groups = 1;
+};
+// Its gradients from grad_out (contiguous, out's shape and dtype); each of grad_x ([N, C, H, W]),
+// grad_weight and grad_bias may be undefined (not wanted); defined ones are contiguous of x's dtype.
+struct ConvBackwardArgs {
+  ConvArgs conv;  // x, weight as in the forward; out and bias unused
+  Tensor grad_out, grad_x, grad_weight, grad_bias;
 };
 
 Backend& get(DeviceType type);

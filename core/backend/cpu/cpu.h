@@ -72,6 +72,10 @@ void total_norm(const std::vector<Tensor>& tensors, double norm_type, const Tens
 void multi_tensor_scale(const std::vector<Tensor>& tensors, const Tensor& factor);
 void multi_tensor_clamp(const std::vector<Tensor>& tensors, double lo, double hi);
 
+// ---- issue 17: convolution (conv.cpp): im2col + gemm per sample, threaded over the batch
+void conv2d(const backend::ConvArgs& a);
+void conv2d_backward(const backend::ConvBackwardArgs& a);
+
 // Name of an elementwise op for error messages.
 const char* op_name(backend::ElemOp op);
 

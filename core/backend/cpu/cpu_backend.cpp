@@ -111,6 +111,9 @@ class CpuBackend final : public backend::Backend {
   void multi_tensor_clamp(const std::vector<Tensor>& tensors, double lo, double hi) override {
     cpu::multi_tensor_clamp(tensors, lo, hi);
   }
+  // ---- issue 17: convolution
+  void conv2d(const backend::ConvArgs& a) override { cpu::conv2d(a); }
+  void conv2d_backward(const backend::ConvBackwardArgs& a) override { cpu::conv2d_backward(a); }
 };
 
 }  // namespace
