@@ -335,6 +335,24 @@ TEST(Conv2d, ExportRunMatches) {
   expect_near_vec(host(out[0]), host(conv(x)), 0, 0, "export");
 }
 
+TEST(Conv2d, AutocastLowersOnCpu) {
+  // conv is matmul-like for autocast (PyTorch's lower-precision list): bfloat16 on the CPU.
+  tg::manual_seed(10);
+  auto x = tg::randn({2, 3, 5, 5}).requires_grad_();
+  auto w = tg::randn({4, 3, 3, 3}).requires_grad_();
+  Tensor y;
+  {
+    tg::amp::autocast guard(kCPU);
+    y = F::conv2d(x, w, Tensor(), {.padding = 1});
+  }
+  EXPECT_EQ(y.dtype(), kBFloat16);
+  const auto want = host(F::conv2d(x.to(kBFloat16), w.to(kBFloat16), Tensor(), {.padding = 1}));
+  expect_near_vec(host(y), want, 0, 0, "bf16");
+  y.sum().backward();
+  EXPECT_EQ(x.grad().dtype(), kFloat32);
+  EXPECT_EQ(w.grad().sizes(), w.sizes());
+}
+
 TEST(Conv2d, CudaSaysNotBuilt) {
   if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   auto x = tg::randn({1, 2, 4, 4}, kCUDA);
