@@ -40,12 +40,11 @@ Tensor conv_op(const char* op, int spatial, const Tensor& x, const Tensor& w, co
   Tensor out = native::conv(op, spatial, x, w, b, p);
   if (!autograd::should_record(x, w, b)) return out;
   autograd::SavedTensor sx(x, op), sw(w, op);
-  return autograd::record(op, {x, w, b}, std::move(out),
-                          [sx, sw, p, spatial, op](const Tensor& g, const autograd::FunctionNode& n) {
-                            return native::conv_backward(op, spatial, g, sx.unpack(), sw.unpack(), p,
-                                                         n.needs_input_grad(0), n.needs_input_grad(1),
-                                                         n.needs_input_grad(2));
-                          });
+  return autograd::record(
+      op, {x, w, b}, std::move(out), [sx, sw, p, spatial, op](const Tensor& g, const autograd::FunctionNode& n) {
+        return native::conv_backward(op, spatial, g, sx.unpack(), sw.unpack(), p, n.needs_input_grad(0),
+                                     n.needs_input_grad(1), n.needs_input_grad(2));
+      });
 }
 
 std::vector<Tensor> operands(const Tensor& x, const Tensor& w, const Tensor& b) {
@@ -60,8 +59,11 @@ Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv1dF
   TG_AUTOCAST(Conv1d, conv1d(x, weight, bias, o), x, weight, bias);
   Tensor out = conv_op("conv1d", 1, x, weight, bias, params<1>(o.stride, o.padding, o.dilation, o.groups));
   TG_TRACE(Conv1d, out, operands(x, weight, bias),
-           {{"stride", ints(o.stride)}, {"padding", ints(o.padding.values)}, {"dilation", ints(o.dilation)},
-            {"groups", o.groups}, {"same", o.padding.same}});
+           {{"stride", ints(o.stride)},
+            {"padding", ints(o.padding.values)},
+            {"dilation", ints(o.dilation)},
+            {"groups", o.groups},
+            {"same", o.padding.same}});
   return out;
 }
 
@@ -69,8 +71,11 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dF
   TG_AUTOCAST(Conv2d, conv2d(x, weight, bias, o), x, weight, bias);
   Tensor out = conv_op("conv2d", 2, x, weight, bias, params<2>(o.stride, o.padding, o.dilation, o.groups));
   TG_TRACE(Conv2d, out, operands(x, weight, bias),
-           {{"stride", ints(o.stride)}, {"padding", ints(o.padding.values)}, {"dilation", ints(o.dilation)},
-            {"groups", o.groups}, {"same", o.padding.same}});
+           {{"stride", ints(o.stride)},
+            {"padding", ints(o.padding.values)},
+            {"dilation", ints(o.dilation)},
+            {"groups", o.groups},
+            {"same", o.padding.same}});
   return out;
 }
 
@@ -112,9 +117,7 @@ void reset_conv(const Tensor& weight, const Tensor& bias) {
   }
 }
 
-TensorOptions param_options(const TensorOptions& t) {
-  return TensorOptions().dtype(t.dtype()).device(t.device());
-}
+TensorOptions param_options(const TensorOptions& t) { return TensorOptions().dtype(t.dtype()).device(t.device()); }
 
 }  // namespace
 
@@ -129,9 +132,9 @@ Conv1d::Conv1d(int64_t in, int64_t out, ExpandingArray<1> k, Conv1dOptions o, Te
 void Conv1d::reset_parameters() { reset_conv(weight, bias); }
 
 Tensor Conv1d::forward(const Tensor& x) {
-  return functional::conv1d(x, weight, bias,
-                            {.stride = options.stride, .padding = options.padding, .dilation = options.dilation,
-                             .groups = options.groups});
+  return functional::conv1d(
+      x, weight, bias,
+      {.stride = options.stride, .padding = options.padding, .dilation = options.dilation, .groups = options.groups});
 }
 
 Conv2d::Conv2d(int64_t in, int64_t out, ExpandingArray<2> k, Conv2dOptions o, TensorOptions to)
@@ -145,9 +148,9 @@ Conv2d::Conv2d(int64_t in, int64_t out, ExpandingArray<2> k, Conv2dOptions o, Te
 void Conv2d::reset_parameters() { reset_conv(weight, bias); }
 
 Tensor Conv2d::forward(const Tensor& x) {
-  return functional::conv2d(x, weight, bias,
-                            {.stride = options.stride, .padding = options.padding, .dilation = options.dilation,
-                             .groups = options.groups});
+  return functional::conv2d(
+      x, weight, bias,
+      {.stride = options.stride, .padding = options.padding, .dilation = options.dilation, .groups = options.groups});
 }
 
 }  // namespace tg::nn

@@ -12,8 +12,7 @@ void Backend::conv2d(const ConvArgs& a) {
   TG_ERROR("conv2d: no kernel on ", a.x.device());
 }
 void Backend::conv2d_backward(const ConvBackwardArgs& a) {
-  TG_CHECK(a.conv.x.device().type() != DeviceType::CUDA,
-           "conv2d backward: CUDA path not built yet (cuDNN, issue 17)");
+  TG_CHECK(a.conv.x.device().type() != DeviceType::CUDA, "conv2d backward: CUDA path not built yet (cuDNN, issue 17)");
   TG_ERROR("conv2d backward: no kernel on ", a.conv.x.device());
 }
 }  // namespace backend
@@ -131,8 +130,8 @@ std::vector<Tensor> conv_backward(const char* op, int spatial, const Tensor& gra
                                   const Tensor& weight, const ConvParams& p, bool need_x, bool need_weight,
                                   bool need_bias) {
   const ConvProblem r = check_conv(op, spatial, x, weight, Tensor(), p);
-  TG_CHECK(grad.numel() == r.out4.numel(), op, " backward: grad of shape ", grad.sizes(),
-           " for output of shape ", user_out_shape(spatial, r));
+  TG_CHECK(grad.numel() == r.out4.numel(), op, " backward: grad of shape ", grad.sizes(), " for output of shape ",
+           user_out_shape(spatial, r));
   std::vector<Tensor> out(3);
   if (need_x) out[0] = empty(r.x4, x.dtype(), x.device());
   if (need_weight) out[1] = empty(r.w4, x.dtype(), x.device());

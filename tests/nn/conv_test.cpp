@@ -66,7 +66,8 @@ Ref ref_conv(const Case& k, const std::vector<double>& x, const std::vector<doub
 }
 
 nn::Conv2dFuncOptions opts2(const Case& k) {
-  nn::Conv2dFuncOptions o{.stride = {k.sh, k.sw}, .padding = {k.ph, k.pw}, .dilation = {k.dh, k.dw}, .groups = k.groups};
+  nn::Conv2dFuncOptions o{
+      .stride = {k.sh, k.sw}, .padding = {k.ph, k.pw}, .dilation = {k.dh, k.dw}, .groups = k.groups};
   if (k.same) o.padding = "same";
   return o;
 }
@@ -79,9 +80,9 @@ std::vector<double> randv(size_t n, uint64_t seed) {
 // Forward and all three gradients of conv2d in `dt` against ref_conv.
 void check_conv2d(const Case& k, DType dt, double tol) {
   SCOPED_TRACE(::testing::Message() << "n" << k.n << " c" << k.c << " " << k.h << "x" << k.w << " co" << k.co << " k"
-                                    << k.kh << "x" << k.kw << " s" << k.sh << "," << k.sw << " p" << k.ph << ","
-                                    << k.pw << " d" << k.dh << "," << k.dw << " g" << k.groups << " same" << k.same
-                                    << " " << dtype_name(dt));
+                                    << k.kh << "x" << k.kw << " s" << k.sh << "," << k.sw << " p" << k.ph << "," << k.pw
+                                    << " d" << k.dh << "," << k.dw << " g" << k.groups << " same" << k.same << " "
+                                    << dtype_name(dt));
   const auto xv = randv(static_cast<size_t>(k.n * k.c * k.h * k.w), 1);
   const auto wv = randv(static_cast<size_t>(k.co * (k.c / k.groups) * k.kh * k.kw), 2);
   const auto bv = k.bias ? randv(static_cast<size_t>(k.co), 3) : std::vector<double>{};
@@ -108,8 +109,8 @@ std::vector<Case> cases() {
   v.push_back({.n = 3, .c = 2, .h = 8, .w = 9, .co = 2, .kh = 3, .kw = 3, .dh = 2, .dw = 3, .bias = false});
   v.push_back({.n = 2, .c = 4, .h = 5, .w = 6, .co = 6, .kh = 3, .kw = 1, .ph = 1, .groups = 2});
   // depthwise with a channel multiplier of 2
-  v.push_back({.n = 5, .c = 3, .h = 6, .w = 5, .co = 6, .kh = 3, .kw = 3, .sh = 2, .sw = 1, .ph = 1, .pw = 1,
-               .groups = 3});
+  v.push_back(
+      {.n = 5, .c = 3, .h = 6, .w = 5, .co = 6, .kh = 3, .kw = 3, .sh = 2, .sw = 1, .ph = 1, .pw = 1, .groups = 3});
   // "same" with even kernels (odd totals: the extra row / column at the end), and with dilation
   v.push_back({.n = 2, .c = 2, .h = 5, .w = 6, .co = 3, .kh = 4, .kw = 2, .same = true});
   v.push_back({.n = 1, .c = 2, .h = 7, .w = 6, .co = 2, .kh = 2, .kw = 3, .dh = 3, .dw = 2, .same = true});
@@ -206,10 +207,20 @@ TEST(Conv1d, MatchesDirectLoop) {
                                      {2, 4, 9, 8, 3, 1, 0, 1, 4, false},
                                      {1, 2, 7, 3, 4, 1, 0, 1, 1, true},
                                      {2, 2, 8, 2, 3, 1, 0, 3, 2, true}}) {
-    SCOPED_TRACE(::testing::Message() << "l" << c.l << " k" << c.k << " s" << c.s << " p" << c.p << " d" << c.d
-                                      << " g" << c.g << " same" << c.same);
-    Case k{.n = c.n, .c = c.c, .h = 1, .w = c.l, .co = c.co, .kh = 1, .kw = c.k, .sw = c.s, .pw = c.p, .dw = c.d,
-           .groups = c.g, .same = c.same};
+    SCOPED_TRACE(::testing::Message() << "l" << c.l << " k" << c.k << " s" << c.s << " p" << c.p << " d" << c.d << " g"
+                                      << c.g << " same" << c.same);
+    Case k{.n = c.n,
+           .c = c.c,
+           .h = 1,
+           .w = c.l,
+           .co = c.co,
+           .kh = 1,
+           .kw = c.k,
+           .sw = c.s,
+           .pw = c.p,
+           .dw = c.d,
+           .groups = c.g,
+           .same = c.same};
     const auto xv = randv(static_cast<size_t>(c.n * c.c * c.l), 11);
     const auto wv = randv(static_cast<size_t>(c.co * (c.c / c.g) * c.k), 12);
     const auto bv = randv(static_cast<size_t>(c.co), 13);
@@ -261,13 +272,26 @@ void expect_error(Fn&& fn, const std::vector<std::string>& parts) {
 TEST(Conv2d, BadInputNamesOpAndShapes) {
   auto x = tg::randn({2, 4, 5, 5});
   expect_error([&] { F::conv2d(x, tg::randn({3, 3, 3, 3})); }, {"conv2d", "[2, 4, 5, 5]", "[3, 3, 3, 3]"});
-  expect_error([&] { F::conv2d(x, tg::randn({3, 2, 3, 3}), Tensor(), {.groups = 2}); },
-               {"conv2d", "groups 2", "out_channels 3"});
-  expect_error([&] { F::conv2d(tg::randn({1, 3, 5, 5}), tg::randn({4, 1, 3, 3}), Tensor(), {.groups = 2}); },
-               {"conv2d", "in_channels 3"});
-  expect_error([&] { F::conv2d(x, tg::randn({3, 4, 7, 3})); }, {"conv2d", "larger than the padded input", "[3, 4, 7, 3]"});
-  expect_error([&] { F::conv2d(x, tg::randn({3, 4, 3, 3}), Tensor(), {.stride = 2, .padding = "same"}); },
-               {"conv2d", "'same'", "strided"});
+  expect_error(
+      [&] {
+        F::conv2d(x, tg::randn({3, 2, 3, 3}), Tensor(), {.groups = 2});
+      },
+      {"conv2d", "groups 2", "out_channels 3"});
+  expect_error(
+      [&] {
+        F::conv2d(tg::randn({1, 3, 5, 5}), tg::randn({4, 1, 3, 3}), Tensor(), {.groups = 2});
+      },
+      {"conv2d", "in_channels 3"});
+  expect_error(
+      [&] {
+        F::conv2d(x, tg::randn({3, 4, 7, 3}));
+      },
+      {"conv2d", "larger than the padded input", "[3, 4, 7, 3]"});
+  expect_error(
+      [&] {
+        F::conv2d(x, tg::randn({3, 4, 3, 3}), Tensor(), {.stride = 2, .padding = "same"});
+      },
+      {"conv2d", "'same'", "strided"});
   expect_error([&] { F::conv2d(x, tg::randn({3, 4, 3, 3}), tg::randn({4})); }, {"conv2d", "bias of shape [4]"});
   expect_error([&] { F::conv2d(x, tg::randn({3, 4, 3, 3}, kFloat64)); }, {"conv2d", "float64", "float32"});
   expect_error([&] { F::conv2d(tg::randn({5, 5}), tg::randn({3, 4, 3, 3})); }, {"conv2d", "[5, 5]"});

@@ -210,8 +210,8 @@ void conv2d_backward_typed(const backend::ConvBackwardArgs& b, const Geom& g) {
     const int64_t wsz = g.co * KG;
     std::vector<std::vector<A>> part(static_cast<size_t>(chunks));
     auto run_chunk = [&](int64_t ci) {
-      std::vector<A> acc(static_cast<size_t>(wsz), A(0)), tmp(static_cast<size_t>(wsz)), cols(static_cast<size_t>(K * L)),
-          dybuf;
+      std::vector<A> acc(static_cast<size_t>(wsz), A(0)), tmp(static_cast<size_t>(wsz)),
+          cols(static_cast<size_t>(K * L)), dybuf;
       for (int64_t s = ci * per; s < std::min(g.n, (ci + 1) * per); ++s) {
         im2col(g, x + s * xsz, cols.data());
         const A* dy = dy_of(s, dybuf);
@@ -260,8 +260,7 @@ void conv2d_backward(const backend::ConvBackwardArgs& b) {
   backend::ConvArgs a = b.conv;
   a.out = b.grad_out;
   const Geom g = geometry(a);
-  dispatch<Kinds::Float>("conv2d backward", a.x.dtype(),
-                         [&](auto tag) { conv2d_backward_typed<decltype(tag)>(b, g); });
+  dispatch<Kinds::Float>("conv2d backward", a.x.dtype(), [&](auto tag) { conv2d_backward_typed<decltype(tag)>(b, g); });
 }
 
 }  // namespace tg::cpu
