@@ -2,6 +2,7 @@
 // core/ops.h (defined in autograd/functions/) call these and record the graph
 // around them; autograd's backward functions call them too. Not installed.
 #pragma once
+#include <array>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -254,5 +255,22 @@ std::pair<Tensor, Tensor> batch_norm_reduce(const Tensor& dy, const Tensor& x, c
 // (dy - mean_dy[c] - (x - mean[c]) * invstd[c] * mean_dy_xhat[c]) * scale[c], contiguous, x's dtype.
 Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& invstd,
                                  const Tensor& scale, const Tensor& mean_dy, const Tensor& mean_dy_xhat);
+
+// ---- issue 17: convolution (core/native/conv.cpp); `op` names errors
+// Resolved conv options in 2-d terms ([H, W]; a 1-d conv uses index 1, index 0 being 1 / 0 / 1).
+struct ConvParams {
+  std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  int64_t groups = 1;
+  bool same = false;  // padding "same" (stride 1): from the kernel and dilation, extra at the end
+};
+// PyTorch's conv1d (spatial 1: x [N, C, L] or [C, L], weight [Co, C / groups, K]) and conv2d
+// (spatial 2: x [N, C, H, W] or [C, H, W], weight [Co, C / groups, KH, KW]); bias [Co] or
+// undefined. Output [N, Co, ...] (unbatched in, unbatched out) of x's dtype. Validated here.
+Tensor conv(const char* op, int spatial, const Tensor& x, const Tensor& weight, const Tensor& bias,
+            const ConvParams& p);
+// {grad_x, grad_weight, grad_bias} (each only when asked, else undefined) in the operands' shapes.
+std::vector<Tensor> conv_backward(const char* op, int spatial, const Tensor& grad, const Tensor& x,
+                                  const Tensor& weight, const ConvParams& p, bool need_x, bool need_weight,
+                                  bool need_bias);
 
 }  // namespace tg::native

@@ -124,7 +124,10 @@ enum class AutocastCategory : uint8_t { None, Lower, Fp32, Promote };
   _(MaxPool2d, "max_pool2d", None) /* x; kernel_size, stride, padding, dilation, ceil_mode */ \
   _(MaxPool2dIndices, "max_pool2d_indices", None) /* max_pool2d_with_indices' indices: as max_pool2d */ \
   _(AvgPool2d, "avg_pool2d", None) /* x; kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override (0: none) */ \
-  _(AdaptiveAvgPool2d, "adaptive_avg_pool2d", None) /* x; output_size */
+  _(AdaptiveAvgPool2d, "adaptive_avg_pool2d", None) /* x; output_size */ \
+  /* ---- issue 17: convolution; x, weight[, bias]; stride, padding, dilation (one per spatial dim), groups, same */ \
+  _(Conv1d, "conv1d", Lower)                \
+  _(Conv2d, "conv2d", Lower)
 
 enum class OpKind : uint16_t {
 #define TG_OP_ENUM(name, str, cat) name,

@@ -798,6 +798,31 @@ void lower(OnnxGraph& g, const Program& p, const Node& n, const std::vector<std:
       if (in_rank == 3) g.node("Squeeze", {y, g.ints({0})}, out);
       return;
     }
+    // ---- issue 17: convolution (opset 17's Conv; "same" as explicit pads, the extra one at the end)
+    case OpKind::Conv1d:
+    case OpKind::Conv2d: {
+      const int64_t sd = n.op == OpKind::Conv1d ? 1 : 2;
+      if (in_rank != sd + 2) unsupported("an unbatched convolution");
+      const auto st = exporting::attr_ints(n, "stride"), dl = exporting::attr_ints(n, "dilation");
+      auto pd = exporting::attr_ints(n, "padding");
+      std::vector<int64_t> pads(2 * sd);
+      for (int64_t i = 0; i < sd; ++i) {
+        int64_t before = pd.at(i), after = pd.at(i);
+        if (exporting::attr_bool(n, "same")) {
+          const int64_t total = dl.at(i) * (iv(1).shape.at(2 + i) - 1);
+          before = total / 2;
+          after = total - before;
+        }
+        pads[i] = before;
+        pads[sd + i] = after;
+      }
+      std::vector<std::string> ins{in_as(0, odt), in_as(1, odt)};
+      if (n.inputs.size() > 2) ins.push_back(in_as(2, odt));
+      g.node("Conv", ins, out,
+             {attr_ints("strides", st), attr_ints("pads", pads), attr_ints("dilations", dl),
+              attr_int("group", exporting::attr_int(n, "groups"))});
+      return;
+    }
   }
   unsupported("no ONNX lowering for this op");
 }

@@ -20,6 +20,9 @@
 // ---- issue 17: pooling
 #include <tapegrad/nn/pooling.h>
 
+// ---- issue 17: convolution
+#include <tapegrad/nn/conv.h>
+
 namespace tg::exporting {
 
 const char* value_kind_name(ValueKind k) {
@@ -218,6 +221,18 @@ const OpSchema& op_schema(OpKind op) {
     case OpKind::AdaptiveAvgPool2d: {
       static const OpSchema kAdaptivePool{1, {{"output_size", T::Ints}}};
       return kAdaptivePool;
+    }
+    // ---- issue 17: convolution
+    case OpKind::Conv1d:
+    case OpKind::Conv2d: {
+      static const OpSchema kConv{3,
+                                  {{"stride", T::Ints},
+                                   {"padding", T::Ints},
+                                   {"dilation", T::Ints},
+                                   {"groups", T::Int},
+                                   {"same", T::Bool}},
+                                  1};  // x, weight[, bias]
+      return kConv;
     }
   }
   TG_ERROR("export: no schema for op ", static_cast<int>(op));
@@ -593,6 +608,28 @@ Tensor execute(const Node& n, const std::vector<Tensor>& in, DType out_dtype) {
       const std::vector<int64_t> v = attr_ints(n, "output_size");
       TG_CHECK(v.size() == 2, "export: adaptive_avg_pool2d output_size has ", v.size(), " values, not 2");
       return nn::functional::adaptive_avg_pool2d(a(), {v[0], v[1]});
+    }
+    // ---- issue 17: convolution
+    case OpKind::Conv1d:
+    case OpKind::Conv2d: {
+      const auto st = attr_ints(n, "stride"), pd = attr_ints(n, "padding"), dl = attr_ints(n, "dilation");
+      const size_t d = n.op == OpKind::Conv1d ? 1 : 2;
+      TG_CHECK(st.size() == d && pd.size() == d && dl.size() == d, "export: ", op_name(n.op),
+               " node with option lists of the wrong length");
+      const Tensor bias = in.size() > 2 ? in[2] : Tensor();
+      const bool same = attr_bool(n, "same");
+      if (d == 1)
+        return nn::functional::conv1d(a(), b(), bias,
+                                      {.stride = st[0],
+                                       .padding = same ? nn::ConvPadding<1>("same") : nn::ConvPadding<1>(pd[0]),
+                                       .dilation = dl[0],
+                                       .groups = attr_int(n, "groups")});
+      return nn::functional::conv2d(
+          a(), b(), bias,
+          {.stride = {st[0], st[1]},
+           .padding = same ? nn::ConvPadding<2>("same") : nn::ConvPadding<2>({pd[0], pd[1]}),
+           .dilation = {dl[0], dl[1]},
+           .groups = attr_int(n, "groups")});
     }
   }
   TG_ERROR("export: cannot execute op ", static_cast<int>(n.op));

@@ -24,3 +24,6 @@
 
 // ---- issue 17: batch_norm, group_norm and their modules
 #include <tapegrad/nn/batch_norm.h>
+
+// ---- issue 17: convolution
+#include <tapegrad/nn/conv.h>

@@ -345,6 +345,10 @@ class Backend {
   virtual void batch_norm_backward_elemt(const Tensor& dx, const Tensor& dy, const Tensor& x, int64_t n, int64_t c,
                                          int64_t s, const Tensor& mean, const Tensor& invstd, const Tensor& scale,
                                          const Tensor& mean_dy, const Tensor& mean_dy_xhat);
+
+  // ---- issue 17: convolution (core/native/conv.cpp; the defaults throw)
+  virtual void conv2d(const struct ConvArgs& a);
+  virtual void conv2d_backward(const struct ConvBackwardArgs& a);
 };
 inline constexpr int kMaxAddN = 32;
 inline constexpr int kMaxGatherRows = 8;
@@ -385,6 +389,23 @@ struct Pool2dArgs {
   int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
   bool count_include_pad = true;
   int64_t divisor = 0;
+
+// ---- issue 17: convolution
+// 2-d cross-correlation as PyTorch's conv2d: x contiguous [N, C, H, W]; weight contiguous
+// [Co, C / groups, KH, KW]; bias contiguous [Co] or undefined; out contiguous [N, Co, OH, OW],
+// all one floating dtype. Input pixel of output (oh, ow) and tap (i, j):
+// (oh * stride[0] - pad[0] + i * dilation[0], ow * stride[1] - pad[1] + j * dilation[1]), zero
+// outside the input (the trailing padding is implied by OH, OW). N, Co, OH, OW >= 1.
+struct ConvArgs {
+  Tensor x, weight, bias, out;
+  int64_t stride[2] = {1, 1}, pad[2] = {0, 0}, dilation[2] = {1, 1};
+  int64_t groups = 1;
+};
+// Its gradients from grad_out (contiguous, out's shape and dtype); each of grad_x ([N, C, H, W]),
+// grad_weight and grad_bias may be undefined (not wanted); defined ones are contiguous of x's dtype.
+struct ConvBackwardArgs {
+  ConvArgs conv;  // x, weight as in the forward; out and bias unused
+  Tensor grad_out, grad_x, grad_weight, grad_bias;
 };
 
 Backend& get(DeviceType type);

@@ -87,6 +87,10 @@ void batch_norm_backward_elemt(const Tensor& dx, const Tensor& dy, const Tensor&
                                const Tensor& mean, const Tensor& invstd, const Tensor& scale, const Tensor& mean_dy,
                                const Tensor& mean_dy_xhat);
 
+// ---- issue 17: convolution (conv.cpp): im2col + gemm per sample, threaded over the batch
+void conv2d(const backend::ConvArgs& a);
+void conv2d_backward(const backend::ConvBackwardArgs& a);
+
 // Name of an elementwise op for error messages.
 const char* op_name(backend::ElemOp op);
 

@@ -137,6 +137,10 @@ class CpuBackend final : public backend::Backend {
                                  const Tensor& mean_dy_xhat) override {
     cpu::batch_norm_backward_elemt(dx, dy, x, n, c, s, mean, invstd, scale, mean_dy, mean_dy_xhat);
   }
+
+  // ---- issue 17: convolution
+  void conv2d(const backend::ConvArgs& a) override { cpu::conv2d(a); }
+  void conv2d_backward(const backend::ConvBackwardArgs& a) override { cpu::conv2d_backward(a); }
 };
 
 }  // namespace

@@ -1,0 +1,158 @@
+// Native front-end of conv1d / conv2d (issue 17): validation, padding resolution, 4-d contiguous
+// operands, then one backend call each way. The public ops with their backward are in nn/conv.cpp.
+#include <vector>
+
+#include <tapegrad/core/native.h>
+
+namespace tg {
+
+namespace backend {
+void Backend::conv2d(const ConvArgs& a) {
+  TG_CHECK(a.x.device().type() != DeviceType::CUDA, "conv2d: CUDA path not built yet (cuDNN, issue 17)");
+  TG_ERROR("conv2d: no kernel on ", a.x.device());
+}
+void Backend::conv2d_backward(const ConvBackwardArgs& a) {
+  TG_CHECK(a.conv.x.device().type() != DeviceType::CUDA, "conv2d backward: CUDA path not built yet (cuDNN, issue 17)");
+  TG_ERROR("conv2d backward: no kernel on ", a.conv.x.device());
+}
+}  // namespace backend
+
+namespace native {
+
+namespace {
+
+// The validated problem in 4-d terms.
+struct ConvProblem {
+  Shape x4, w4, out4;  // [N, C, H, W], [Co, C / g, KH, KW], [N, Co, OH, OW]
+  int64_t pad[2] = {0, 0};
+  bool batched = true;
+};
+
+ConvProblem check_conv(const char* op, int spatial, const Tensor& x, const Tensor& w, const Tensor& b,
+                       const ConvParams& p) {
+  TG_CHECK(x.defined() && w.defined(), op, ": input and weight must be defined");
+  const int64_t sd = spatial;
+  TG_CHECK(x.dim() == sd + 1 || x.dim() == sd + 2, op, ": expected a ", sd + 1, "-d (unbatched) or ", sd + 2,
+           "-d (batched) input, got shape ", x.sizes());
+  TG_CHECK(w.dim() == sd + 2, op, ": expected a ", sd + 2, "-d weight [out_channels, in_channels / groups",
+           sd == 1 ? ", k" : ", kh, kw", "], got shape ", w.sizes());
+  TG_CHECK(is_floating(x.dtype()), op, ": expected a floating input, got ", x.dtype());
+  TG_CHECK(w.dtype() == x.dtype(), op, ": input of dtype ", x.dtype(), " but weight of dtype ", w.dtype(),
+           " (expected one dtype)");
+  TG_CHECK(w.device() == x.device(), op, ": input on ", x.device(), " but weight on ", w.device());
+  const int64_t g = p.groups;
+  TG_CHECK(g >= 1, op, ": groups must be >= 1, got ", g);
+  for (int d = 0; d < 2; ++d) {
+    TG_CHECK(p.stride[d] >= 1, op, ": stride must be >= 1, got ", p.stride[d]);
+    TG_CHECK(p.dilation[d] >= 1, op, ": dilation must be >= 1, got ", p.dilation[d]);
+    TG_CHECK(p.padding[d] >= 0, op, ": padding must be >= 0, got ", p.padding[d]);
+    TG_CHECK(!p.same || p.stride[d] == 1, op, ": padding='same' is not supported for strided convolutions (stride ",
+             p.stride[d], ")");
+  }
+  ConvProblem r;
+  r.batched = x.dim() == sd + 2;
+  const Shape& xs = x.sizes();
+  const Shape& ws = w.sizes();
+  const int64_t c = xs[r.batched ? 1 : 0];
+  const int64_t co = ws[0];
+  TG_CHECK(c % g == 0, op, ": groups ", g, " must divide in_channels ", c, " (input of shape ", xs, ")");
+  TG_CHECK(co % g == 0, op, ": groups ", g, " must divide out_channels ", co, " (weight of shape ", ws, ")");
+  TG_CHECK(ws[1] * g == c, op, ": input of shape ", xs, " has ", c, " channels, but weight of shape ", ws,
+           " with groups ", g, " expects ", ws[1] * g);
+  if (b.defined()) {
+    TG_CHECK(b.dim() == 1 && b.size(0) == co, op, ": bias of shape ", b.sizes(), " for weight of shape ", ws,
+             " (expected [", co, "])");
+    TG_CHECK(b.dtype() == x.dtype(), op, ": input of dtype ", x.dtype(), " but bias of dtype ", b.dtype());
+    TG_CHECK(b.device() == x.device(), op, ": input on ", x.device(), " but bias on ", b.device());
+  }
+  const int64_t n = r.batched ? xs[0] : 1;
+  const int64_t h = sd == 2 ? xs[xs.size() - 2] : 1, wd = xs[xs.size() - 1];
+  const int64_t kh = sd == 2 ? ws[2] : 1, kw = ws[ws.size() - 1];
+  r.x4 = {n, c, h, wd};
+  r.w4 = {co, ws[1], kh, kw};
+  const int64_t in[2] = {h, wd}, k[2] = {kh, kw};
+  int64_t o[2];
+  for (int d = 0; d < 2; ++d) {
+    const int64_t span = p.dilation[d] * (k[d] - 1) + 1;
+    int64_t before = p.padding[d], after = p.padding[d];
+    if (p.same) {
+      before = (span - 1) / 2;
+      after = span - 1 - before;
+    }
+    TG_CHECK(in[d] + before + after >= span, op, ": kernel of shape ", ws, " (dilation ", p.dilation[d],
+             ") is larger than the padded input (input of shape ", xs, ", padding ", before + after, " in all)");
+    r.pad[d] = before;
+    o[d] = (in[d] + before + after - span) / p.stride[d] + 1;
+  }
+  r.out4 = {n, co, o[0], o[1]};
+  return r;
+}
+
+// The 4-d result as the caller's shape: [N, Co, L] for 1-d, without N when unbatched.
+Shape user_out_shape(int spatial, const ConvProblem& r) {
+  Shape s;
+  if (r.batched) s.push_back(r.out4[0]);
+  s.push_back(r.out4[1]);
+  if (spatial == 2) s.push_back(r.out4[2]);
+  s.push_back(r.out4[3]);
+  return s;
+}
+
+backend::ConvArgs conv_args(const ConvProblem& r, const ConvParams& p, const Tensor& x, const Tensor& w) {
+  backend::ConvArgs a;
+  a.x = native::reshape(native::contiguous(x), r.x4);
+  a.weight = native::reshape(native::contiguous(w), r.w4);
+  for (int d = 0; d < 2; ++d) {
+    a.stride[d] = p.stride[d];
+    a.pad[d] = r.pad[d];
+    a.dilation[d] = p.dilation[d];
+  }
+  a.groups = p.groups;
+  return a;
+}
+
+}  // namespace
+
+Tensor conv(const char* op, int spatial, const Tensor& x, const Tensor& weight, const Tensor& bias,
+            const ConvParams& p) {
+  const ConvProblem r = check_conv(op, spatial, x, weight, bias, p);
+  Tensor out = empty(r.out4, x.dtype(), x.device());
+  if (out.numel() > 0) {
+    backend::ConvArgs a = conv_args(r, p, x, weight);
+    a.bias = bias.defined() ? native::contiguous(bias) : Tensor();
+    a.out = out;
+    backend::get(x.device().type()).conv2d(a);
+  }
+  return native::view(out, user_out_shape(spatial, r));
+}
+
+std::vector<Tensor> conv_backward(const char* op, int spatial, const Tensor& grad, const Tensor& x,
+                                  const Tensor& weight, const ConvParams& p, bool need_x, bool need_weight,
+                                  bool need_bias) {
+  const ConvProblem r = check_conv(op, spatial, x, weight, Tensor(), p);
+  TG_CHECK(grad.numel() == r.out4.numel(), op, " backward: grad of shape ", grad.sizes(), " for output of shape ",
+           user_out_shape(spatial, r));
+  std::vector<Tensor> out(3);
+  if (need_x) out[0] = empty(r.x4, x.dtype(), x.device());
+  if (need_weight) out[1] = empty(r.w4, x.dtype(), x.device());
+  if (need_bias) out[2] = empty({r.out4[1]}, x.dtype(), x.device());
+  if (r.out4.numel() == 0) {
+    for (Tensor& t : out)
+      if (t.defined()) native::fill_(t, 0);
+  } else if (need_x || need_weight || need_bias) {
+    backend::ConvBackwardArgs a;
+    a.conv = conv_args(r, p, x, weight);
+    Tensor g = grad.dtype() == x.dtype() ? grad : to(grad, x.device(), x.dtype());
+    a.grad_out = native::reshape(native::contiguous(g), r.out4);
+    a.grad_x = out[0];
+    a.grad_weight = out[1];
+    a.grad_bias = out[2];
+    backend::get(x.device().type()).conv2d_backward(a);
+  }
+  if (out[0].defined()) out[0] = native::view(out[0], x.sizes());
+  if (out[1].defined()) out[1] = native::view(out[1], weight.sizes());
+  return out;
+}
+
+}  // namespace native
+}  // namespace tg
