@@ -389,6 +389,7 @@ struct Pool2dArgs {
   int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
   bool count_include_pad = true;
   int64_t divisor = 0;
+};
 
 // ---- issue 17: convolution
 // 2-d cross-correlation as PyTorch's conv2d: x contiguous [N, C, H, W]; weight contiguous
