@@ -13,10 +13,8 @@
 // missed L2 (1.81 ms against 0.69 ms for one read and one write at 4.8 TB/s).
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <mutex>
-#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -470,103 +468,6 @@ __global__ void ce_fwd_kernel(const T* __restrict__ x, CeParams<acc_t<T>> p, acc
   }
 }
 
-// ---- cross_entropy with the gradient, rows streamed through shared memory (sm_90+). A persistent
-// block owns two row buffers: while it reduces and writes the gradient of row r from one, the
-// Tensor Memory Accelerator copies row r + gridDim.x into the other (cp.async.bulk, completion on
-// an mbarrier), so every SM reads and writes DRAM at once instead of alternating between a read
-// phase and a write phase (the staged kernel above: 1.19 ms at [16384, 50304] bfloat16).
-namespace pipe {
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void bar_init(uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)));
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-// Thread 0: the copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) into dst,
-// completing the barrier's current phase when it has landed.
-__device__ __forceinline__ void load_row(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // earlier generic reads of dst are ordered first
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  }
-#endif
-}
-}  // namespace pipe
-
-constexpr int kPipeThreads = 1024;
-
-template <class T, int V>
-__global__ void __launch_bounds__(kPipeThreads)
-    ce_fwd_pipe_kernel(const T* __restrict__ x, CeParams<acc_t<T>> p, acc_t<T>* loss, acc_t<T>* lse_out,
-                       acc_t<T>* wt_out, T* __restrict__ gx, const acc_t<T>* denom, int64_t rows, int64_t cols,
-                       int64_t buf_stride) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using A = acc_t<T>;
-  extern __shared__ __align__(128) unsigned char pipe_smem[];
-  __shared__ __align__(8) uint64_t bar[2];
-  T* buf[2] = {reinterpret_cast<T*>(pipe_smem), reinterpret_cast<T*>(pipe_smem + buf_stride)};
-  const int tid = threadIdx.x, nt = blockDim.x;
-  const auto bytes = static_cast<uint32_t>(cols * static_cast<int64_t>(sizeof(T)));
-  int64_t row = blockIdx.x;
-  if (row >= rows) return;
-  if (tid == 0) {
-    pipe::bar_init(&bar[0]);
-    pipe::bar_init(&bar[1]);
-    pipe::load_row(buf[0], x + row * cols, bytes, &bar[0]);
-  }
-  __syncthreads();  // the barriers are initialised before anyone waits on them
-  const A sc = denom ? A(1) / *denom : A(1);
-  for (int64_t i = 0; row < rows; ++i, row += gridDim.x) {
-    const int b = static_cast<int>(i & 1);
-    const int64_t next = row + gridDim.x;
-    // buf[b ^ 1] was last read in iteration i - 1, which ended with a barrier.
-    if (tid == 0 && next < rows) pipe::load_row(buf[b ^ 1], x + next * cols, bytes, &bar[b ^ 1]);
-    pipe::wait(&bar[b], static_cast<uint32_t>((i >> 1) & 1));
-    const T* src = buf[b];
-    A m, s;
-    thread_ms<T, V>(src, cols, tid, nt, m, s);
-    A wx = 0;
-    if (p.eps > A(0)) {
-      const A* w = p.weight;
-      for_row<T, V>(src, cols, tid, nt, [&](int64_t j, A v) { wx += (w ? w[j] : A(1)) * v; });
-    }
-    row_ms<false>(m, s);
-    if (p.eps > A(0)) wx = row_sum<false>(wx);
-    const A lse = m + lg(s);
-    const int64_t t = p.target[row];
-    if (tid == 0) {
-      lse_out[row] = lse;
-      A wt;
-      loss[row] = ce_row_loss(src, cols, p, t, lse, wx, wt);
-      wt_out[row] = wt;
-    }
-    ce_grad_row<T, V>(src, gx + row * cols, cols, tid, nt, p, t, lse, sc);
-    __syncthreads();  // buf[b] is free for the copy issued in iteration i + 1
-  }
-#else
-  __trap();
-#endif
-}
-
 template <class T, int V, bool kWarpRow>
 __global__ void ce_bwd_kernel(const T* __restrict__ x, CeParams<acc_t<T>> p, const acc_t<T>* lse,
                               const acc_t<T>* grad, bool per_row, const acc_t<T>* denom, T* __restrict__ gx,
@@ -740,73 +641,6 @@ void launch_staged(K kernel, int64_t rows, int64_t cols, int device, Args... arg
   TG_CUDA_CHECK_LAUNCH();
 }
 
-// The streamed cross_entropy (ce_fwd_pipe_kernel): sm_90 or newer, 16-byte packs, two rows of
-// buffers in the opt-in shared memory of a block. TG_CE_PIPE=0 turns it off (A/B runs).
-struct PipeLimits {
-  bool ok = false;
-  int64_t smem = 0;  // opt-in dynamic shared memory per block, less the static part
-  int sms = 0;
-  int64_t smem_per_sm = 0;
-};
-const PipeLimits& pipe_limits(int device) {
-  static std::once_flag once;
-  static std::vector<PipeLimits> lim;
-  std::call_once(once, [] {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-    lim.assign(static_cast<size_t>(std::max(n, 1)), PipeLimits{});
-    const char* env = std::getenv("TG_CE_PIPE");
-    const bool off = env && std::string(env) == "0";
-    for (int d = 0; d < n && !off; ++d) {
-      int major = 0, optin = 0, sms = 0, per_sm = 0;
-      if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess ||
-          cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, d) != cudaSuccess ||
-          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d) != cudaSuccess ||
-          cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, d) != cudaSuccess)
-        continue;
-      lim[d] = PipeLimits{major >= 9, int64_t{optin} - 1024, sms, int64_t{per_sm}};
-    }
-  });
-  static const PipeLimits none;
-  return device >= 0 && device < static_cast<int>(lim.size()) ? lim[device] : none;
-}
-
-int64_t pipe_stride(int64_t row_bytes) { return (row_bytes + 127) / 128 * 128; }
-
-template <class T>
-bool pipe_rows(int64_t cols, bool vec, int device) {
-  const PipeLimits& l = pipe_limits(device);
-  return l.ok && vec && cols > kWarpRowMax && 2 * pipe_stride(cols * static_cast<int64_t>(sizeof(T))) <= l.smem;
-}
-
-template <class T, class K, class... Args>
-void launch_pipe(K kernel, int64_t rows, int64_t cols, int device, Args... args) {
-  if (rows == 0) return;
-  const PipeLimits& l = pipe_limits(device);
-  const int64_t stride = pipe_stride(cols * static_cast<int64_t>(sizeof(T)));
-  const auto smem = static_cast<size_t>(2 * stride);
-  {
-    static std::mutex mu;
-    static std::vector<std::pair<const void*, int>> raised;
-    const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), device};
-    std::lock_guard<std::mutex> lock(mu);
-    if (std::find(raised.begin(), raised.end(), key) == raised.end()) {
-      TG_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l.smem)));
-      raised.push_back(key);
-    }
-  }
-  constexpr int V = 16 / sizeof(T);
-  const int threads = std::min(row_threads(cols, V), kPipeThreads);
-  // Resident blocks per SM: by shared memory (1 KB reserved per block) and by threads.
-  const int64_t by_smem = std::max<int64_t>(1, l.smem_per_sm / (static_cast<int64_t>(smem) + 1024));
-  const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(by_smem, 2048 / threads));
-  const int64_t blocks = std::min<int64_t>(rows, per_sm * l.sms);
-  kernel<<<dim3(static_cast<unsigned>(blocks)), dim3(threads), smem, detail::current_stream_handle(device)>>>(
-      args..., stride);
-  TG_CUDA_CHECK_LAUNCH();
-}
-
 template <class A>
 CeParams<A> ce_params(const CeArgs& a) {
   CeParams<A> p;
@@ -884,11 +718,6 @@ void cross_entropy(const CeArgs& a, const Tensor& loss, const Tensor& lse, const
     A* w = static_cast<A*>(wt.data_ptr());
     const CeParams<A> p = ce_params<A>(a);
     const bool vec = aligned_rows<T>(cols, {x, gx});
-    if (gx && pipe_rows<T>(cols, vec, device)) {
-      constexpr int V = 16 / sizeof(T);
-      launch_pipe<T>(ce_fwd_pipe_kernel<T, V>, rows, cols, device, x, p, l, ls, w, gx, dn, rows, cols);
-      return;
-    }
     if (gx && stage_rows<T>(cols, vec, device)) {  // without the gradient the row is read once anyway
       constexpr int V = 16 / sizeof(T);
       launch_staged<T>(ce_fwd_kernel<T, V, false, true, true>, rows, cols, device, x, p, l, ls, w, gx, dn, rows,
