@@ -224,7 +224,8 @@ TEST(FusedCuda, EmptyParametersCountSteps) {
 // centered 2e-3: sqrt(square_avg - grad_avg^2) cancels when a gradient repeats, and the GPU's fused
 // multiply-subtract rounds once where the CPU rounds twice (relative differences of 6e-4 seen on the H200;
 // with float16 / bfloat16 state the same cancellation gave 2-10%, so those cases are not centered; centered
-// itself is checked in float64 at 1e-12).
+// itself is checked in float64 at 1e-12). float16 / bfloat16 momentum buffers, stored in the parameter's
+// dtype, end up to ~7 ulps apart (5e-3 / 3e-2).
 TEST(FusedCuda, RmspropEqualsCpu) {
   if (!has_cuda()) GTEST_SKIP() << "no CUDA device";
   using O = optim::RMSpropOptions;
@@ -233,8 +234,8 @@ TEST(FusedCuda, RmspropEqualsCpu) {
                                    2e-3);
   compare_cuda_cpu<optim::RMSprop>(O{.lr = 1e-2, .momentum = 0.5, .maximize = true}, kFloat32, 2e-5);
   compare_cuda_cpu<optim::RMSprop>(O{.lr = 1e-2, .centered = true}, kFloat32, 2e-3);
-  compare_cuda_cpu<optim::RMSprop>(O{.lr = 1e-2, .eps = 1e-3, .momentum = 0.9}, kFloat16, 2e-3);
-  compare_cuda_cpu<optim::RMSprop>(O{.lr = 1e-2, .momentum = 0.9}, kBFloat16, 1e-2);
+  compare_cuda_cpu<optim::RMSprop>(O{.lr = 1e-2, .eps = 1e-3, .momentum = 0.9}, kFloat16, 5e-3);
+  compare_cuda_cpu<optim::RMSprop>(O{.lr = 1e-2, .momentum = 0.9}, kBFloat16, 3e-2);
   compare_cuda_cpu<optim::RMSprop>(O{.lr = 1e-2, .weight_decay = 0.1, .momentum = 0.9, .centered = true}, kFloat64,
                                    1e-12);
 }
