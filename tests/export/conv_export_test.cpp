@@ -8,29 +8,6 @@ using namespace tg_export_test;
 namespace fs = std::filesystem;
 namespace F = tg::nn::functional;
 
-namespace {
-
-void check_export(const std::function<std::vector<tg::Tensor>(const std::vector<tg::Tensor>&)>& fn,
-                  const std::vector<tg::Tensor>& in, const std::vector<std::string>& names,
-                  const std::vector<std::string>& ops) {
-  auto ep = tg::export_function(fn, in);
-  const std::string g = ep.graph();
-  for (const auto& s : ops) EXPECT_NE(g.find(s + "("), std::string::npos) << s << "\n" << g;
-  const auto path = (fs::path(scratch("tgx")) / "p.tgx").string();
-  ep.save(path);
-  auto loaded = tg::ExportedProgram::load(path);
-  const auto want = fn(in), got = ep.run(in), got2 = loaded.run(in);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_EQ(got[i].sizes(), want[i].sizes()) << i;
-    expect_close(to_f64(got[i]), to_f64(want[i]), 1e-6);
-    expect_close(to_f64(got2[i]), to_f64(want[i]), 1e-6);
-  }
-  if (have_onnx_python()) check_with_onnxruntime(ep, in, names);
-}
-
-}  // namespace
-
 TEST(ExportConv, Conv2dAndConv1d) {
   tg::manual_seed(31);
   auto w2 = tg::randn({6, 2, 3, 2}), b2 = tg::randn({6});

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,28 @@ inline void check_with_onnxruntime(const tg::ExportedProgram& ep, const std::vec
   std::ofstream(script_path) << kScript;
   const std::string cmd = "python3 " + script_path + " " + spec_path;
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// Runs fn eagerly and through the exported program (and its saved/loaded copy): same shapes,
+// dtypes and values (1e-6); the graph holds each op of `ops`; then ONNX Runtime when present.
+inline void check_export(const std::function<std::vector<tg::Tensor>(const std::vector<tg::Tensor>&)>& fn,
+                         const std::vector<tg::Tensor>& in, const std::vector<std::string>& names,
+                         const std::vector<std::string>& ops) {
+  auto ep = tg::export_function(fn, in);
+  const std::string g = ep.graph();
+  for (const auto& s : ops) EXPECT_NE(g.find(s + "("), std::string::npos) << s << "\n" << g;
+  const auto path = (std::filesystem::path(scratch("tgx")) / "p.tgx").string();
+  ep.save(path);
+  auto loaded = tg::ExportedProgram::load(path);
+  const auto want = fn(in), got = ep.run(in), got2 = loaded.run(in);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].sizes(), want[i].sizes()) << i;
+    EXPECT_EQ(got[i].dtype(), want[i].dtype()) << i;
+    expect_close(to_f64(got[i]), to_f64(want[i]), 1e-6);
+    expect_close(to_f64(got2[i]), to_f64(want[i]), 1e-6);
+  }
+  if (have_onnx_python()) check_with_onnxruntime(ep, in, names);
 }
 
 }  // namespace tg_export_test
