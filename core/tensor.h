@@ -109,6 +109,8 @@ class Tensor {
   bool is_cuda() const { return impl().device.is_cuda(); }
   bool is_cpu() const { return impl().device.is_cpu(); }
   bool is_contiguous() const { return impl().contiguous; }
+  // Dense in that format (size-1 dims' strides ignored); ChannelsLast needs 4 dims.
+  bool is_contiguous(MemoryFormat format) const;
   int64_t storage_offset() const { return impl().offset; }
   size_t element_size() const { return tg::element_size(dtype()); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
@@ -155,6 +157,8 @@ class Tensor {
   Tensor cpu() const { return to(Device(kCPU)); }
   Tensor cuda() const { return to(Device(kCUDA)); }
   Tensor contiguous() const;
+  // A copy in `format` unless already in it (differentiable); ChannelsLast needs 4 dims.
+  Tensor contiguous(MemoryFormat format) const;
   Tensor clone() const;
   Tensor detach() const;
 

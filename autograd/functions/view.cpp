@@ -214,6 +214,15 @@ Tensor Tensor::contiguous() const {
                                [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
 }
 
+Tensor Tensor::contiguous(MemoryFormat format) const {
+  TG_CHECK(format != MemoryFormat::Preserve, "contiguous: MemoryFormat::Preserve is not a layout to copy into");
+  if (format == MemoryFormat::Contiguous) return contiguous();
+  TG_CHECK(dim() == 4, "contiguous(ChannelsLast): expected a 4-d [N, C, H, W] tensor, got shape ", sizes());
+  if (is_contiguous(format)) return *this;
+  // NHWC strides under the NCHW shape: a row-major copy of the NHWC permutation, permuted back.
+  return permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+}
+
 Tensor Tensor::clone() const {
   Tensor out = native::clone(*this);
   TG_TRACE(Clone, out, {*this}, {});

@@ -349,6 +349,9 @@ class Backend {
   // ---- issue 17: convolution (core/native/conv.cpp; the defaults throw)
   virtual void conv2d(const struct ConvArgs& a);
   virtual void conv2d_backward(const struct ConvBackwardArgs& a);
+  // Whether conv2d takes channels-last operands (NHWC strides) as they are; else the front-end
+  // passes row-major ones and converts the result back.
+  virtual bool conv_takes_channels_last() const { return false; }
 };
 inline constexpr int kMaxAddN = 32;
 inline constexpr int kMaxGatherRows = 8;
@@ -394,7 +397,8 @@ struct Pool2dArgs {
 // ---- issue 17: convolution
 // 2-d cross-correlation as PyTorch's conv2d: x contiguous [N, C, H, W]; weight contiguous
 // [Co, C / groups, KH, KW]; bias contiguous [Co] or undefined; out contiguous [N, Co, OH, OW],
-// all one floating dtype. Input pixel of output (oh, ow) and tap (i, j):
+// all one floating dtype. Where conv_takes_channels_last(), x, weight and out (and, backward,
+// grad_out, grad_x and grad_weight) may instead all be channels-last (NHWC strides). Input pixel of output (oh, ow) and tap (i, j):
 // (oh * stride[0] - pad[0] + i * dilation[0], ow * stride[1] - pad[1] + j * dilation[1]), zero
 // outside the input (the trailing padding is implied by OH, OW). N, Co, OH, OW >= 1.
 struct ConvArgs {
@@ -402,11 +406,12 @@ struct ConvArgs {
   int64_t stride[2] = {1, 1}, pad[2] = {0, 0}, dilation[2] = {1, 1};
   int64_t groups = 1;
 };
-// Its gradients from grad_out (contiguous, out's shape and dtype); each of grad_x ([N, C, H, W]),
-// grad_weight and grad_bias may be undefined (not wanted); defined ones are contiguous of x's dtype.
+// Its gradients from grad_out (contiguous, out's shape and dtype); grad_x ([N, C, H, W]) or
+// grad_weight may be undefined (not wanted); defined ones are contiguous of x's dtype. (The bias
+// gradient is a sum of grad_out, computed by the front-end with the reduce kernels.)
 struct ConvBackwardArgs {
   ConvArgs conv;  // x, weight as in the forward; out and bias unused
-  Tensor grad_out, grad_x, grad_weight, grad_bias;
+  Tensor grad_out, grad_x, grad_weight;
 };
 
 Backend& get(DeviceType type);

@@ -7,12 +7,8 @@
 namespace tg {
 
 namespace backend {
-void Backend::conv2d(const ConvArgs& a) {
-  TG_CHECK(a.x.device().type() != DeviceType::CUDA, "conv2d: CUDA path not built yet (cuDNN, issue 17)");
-  TG_ERROR("conv2d: no kernel on ", a.x.device());
-}
+void Backend::conv2d(const ConvArgs& a) { TG_ERROR("conv2d: no kernel on ", a.x.device()); }
 void Backend::conv2d_backward(const ConvBackwardArgs& a) {
-  TG_CHECK(a.conv.x.device().type() != DeviceType::CUDA, "conv2d backward: CUDA path not built yet (cuDNN, issue 17)");
   TG_ERROR("conv2d backward: no kernel on ", a.conv.x.device());
 }
 }  // namespace backend
@@ -98,10 +94,26 @@ Shape user_out_shape(int spatial, const ConvProblem& r) {
   return s;
 }
 
-backend::ConvArgs conv_args(const ConvProblem& r, const ConvParams& p, const Tensor& x, const Tensor& w) {
+// A 4-d tensor with NHWC strides (a copy unless it has them).
+Tensor channels_last(const Tensor& t) {
+  if (t.is_contiguous(MemoryFormat::ChannelsLast)) return t;
+  return native::permute(native::contiguous(native::permute(t, {0, 2, 3, 1})), {0, 3, 1, 2});
+}
+Tensor empty_channels_last(const Shape& s, DType dtype, Device device) {
+  return empty_strided(s, {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}, dtype, device);
+}
+
+// Channels-last convolution: a batched 2-d input laid out NHWC (and not also row-major, as
+// [N, 1, 1, 1] or [N, C, 1, 1] images are) keeps that layout: the backend gets NHWC operands
+// where it takes them, else the row-major result is converted back.
+bool wants_channels_last(int spatial, const ConvProblem& r, const Tensor& x) {
+  return spatial == 2 && r.batched && !x.is_contiguous() && x.is_contiguous(MemoryFormat::ChannelsLast);
+}
+
+backend::ConvArgs conv_args(const ConvProblem& r, const ConvParams& p, const Tensor& x, const Tensor& w, bool cl) {
   backend::ConvArgs a;
-  a.x = native::reshape(native::contiguous(x), r.x4);
-  a.weight = native::reshape(native::contiguous(w), r.w4);
+  a.x = cl ? x : native::reshape(native::contiguous(x), r.x4);
+  a.weight = cl ? channels_last(w) : native::reshape(native::contiguous(w), r.w4);
   for (int d = 0; d < 2; ++d) {
     a.stride[d] = p.stride[d];
     a.pad[d] = r.pad[d];
@@ -116,13 +128,17 @@ backend::ConvArgs conv_args(const ConvProblem& r, const ConvParams& p, const Ten
 Tensor conv(const char* op, int spatial, const Tensor& x, const Tensor& weight, const Tensor& bias,
             const ConvParams& p) {
   const ConvProblem r = check_conv(op, spatial, x, weight, bias, p);
-  Tensor out = empty(r.out4, x.dtype(), x.device());
+  backend::Backend& be = backend::get(x.device().type());
+  const bool keep_cl = wants_channels_last(spatial, r, x);
+  const bool cl = keep_cl && be.conv_takes_channels_last();
+  Tensor out = cl ? empty_channels_last(r.out4, x.dtype(), x.device()) : empty(r.out4, x.dtype(), x.device());
   if (out.numel() > 0) {
-    backend::ConvArgs a = conv_args(r, p, x, weight);
+    backend::ConvArgs a = conv_args(r, p, x, weight, cl);
     a.bias = bias.defined() ? native::contiguous(bias) : Tensor();
     a.out = out;
-    backend::get(x.device().type()).conv2d(a);
+    be.conv2d(a);
   }
+  if (keep_cl) return cl ? out : channels_last(out);
   return native::view(out, user_out_shape(spatial, r));
 }
 
@@ -133,24 +149,30 @@ std::vector<Tensor> conv_backward(const char* op, int spatial, const Tensor& gra
   TG_CHECK(grad.numel() == r.out4.numel(), op, " backward: grad of shape ", grad.sizes(), " for output of shape ",
            user_out_shape(spatial, r));
   std::vector<Tensor> out(3);
-  if (need_x) out[0] = empty(r.x4, x.dtype(), x.device());
-  if (need_weight) out[1] = empty(r.w4, x.dtype(), x.device());
-  if (need_bias) out[2] = empty({r.out4[1]}, x.dtype(), x.device());
+  backend::Backend& be = backend::get(x.device().type());
+  const bool keep_cl = wants_channels_last(spatial, r, x);
+  const bool cl = keep_cl && be.conv_takes_channels_last();
+  auto alloc = [&](const Shape& s) { return cl ? empty_channels_last(s, x.dtype(), x.device()) : empty(s, x.dtype(), x.device()); };
+  if (need_x) out[0] = alloc(r.x4);
+  if (need_weight) out[1] = alloc(r.w4);
   if (r.out4.numel() == 0) {
+    if (need_bias) out[2] = empty({r.out4[1]}, x.dtype(), x.device());
     for (Tensor& t : out)
       if (t.defined()) native::fill_(t, 0);
   } else if (need_x || need_weight || need_bias) {
     backend::ConvBackwardArgs a;
-    a.conv = conv_args(r, p, x, weight);
+    a.conv = conv_args(r, p, x, weight, cl);
     Tensor g = grad.dtype() == x.dtype() ? grad : to(grad, x.device(), x.dtype());
-    a.grad_out = native::reshape(native::contiguous(g), r.out4);
+    a.grad_out = cl ? channels_last(native::reshape(g, r.out4)) : native::reshape(native::contiguous(g), r.out4);
+    // The bias gradient is a reduction of grad_out over N, OH, OW: the reduce kernels' job.
+    if (need_bias) out[2] = native::reduce(backend::ReduceOp::Sum, a.grad_out, {0, 2, 3}, false);
     a.grad_x = out[0];
     a.grad_weight = out[1];
-    a.grad_bias = out[2];
-    backend::get(x.device().type()).conv2d_backward(a);
+    if (need_x || need_weight) be.conv2d_backward(a);
   }
-  if (out[0].defined()) out[0] = native::view(out[0], x.sizes());
-  if (out[1].defined()) out[1] = native::view(out[1], weight.sizes());
+  if (keep_cl && !cl && out[0].defined()) out[0] = channels_last(out[0]);
+  if (!keep_cl && out[0].defined()) out[0] = native::view(out[0], x.sizes());
+  if (!cl && out[1].defined()) out[1] = native::view(out[1], weight.sizes());
   return out;
 }
 

@@ -204,6 +204,10 @@ class CudaBackend final : public Backend {
     cuda::detail::DeviceGuard guard(device_of(tensors.front()));
     cuda::kern::multi_tensor_clamp(tensors, lo, hi);
   }
+  // ---- issue 17: convolution (cuDNN, conv_cudnn.cpp); its guard is there
+  void conv2d(const ConvArgs& a) override { cuda::kern::conv2d(a); }
+  void conv2d_backward(const ConvBackwardArgs& a) override { cuda::kern::conv2d_backward(a); }
+  bool conv_takes_channels_last() const override { return true; }
   // ---- issue 17: batch_norm
   void batch_norm_stats(const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
                         const Tensor& var) override {

@@ -64,4 +64,8 @@ void batch_norm_backward_elemt(const Tensor& dx, const Tensor& dy, const Tensor&
                                const Tensor& mean, const Tensor& invstd, const Tensor& scale, const Tensor& mean_dy,
                                const Tensor& mean_dy_xhat);
 
+// ---- issue 17: convolution through cuDNN (conv_cudnn.cpp; tg::Error when built without it)
+void conv2d(const backend::ConvArgs& a);
+void conv2d_backward(const backend::ConvBackwardArgs& a);
+
 }  // namespace tg::cuda::kern
