@@ -3,13 +3,18 @@
 #include <tapegrad/nn/attention.h>
 
 #include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include <tapegrad/autograd/autograd.h>
+#include <tapegrad/autograd/function.h>
 #include <tapegrad/core/autocast_hook.h>
 #include <tapegrad/core/native.h>
+#include <tapegrad/core/trace.h>
 #include <tapegrad/nn/dropout.h>
 #include <tapegrad/nn/init.h>
 
@@ -151,6 +156,75 @@ Tensor sdpa_math(const Tensor& query, const Tensor& key, const Tensor& value,
   return widen ? out.to(out_dtype) : out;
 }
 
+// The fused CUDA path (cuDNN) for float16 / bfloat16 [B, H, T, D] operands (3-d: B = 1), as one
+// node whose backward is cuDNN's; nullopt where it does not apply or cuDNN has no engine for the
+// shapes. A mask goes in as a finite additive bias (-inf and false as the dtype's lowest value); rows
+// it masks entirely are zeroed afterwards, with a zero gradient, as the math path's _safe_softmax.
+std::optional<Tensor> sdpa_fused(const Tensor& query, const Tensor& key, const Tensor& value,
+                                 const ScaledDotProductAttentionOptions& o) {
+  if (query.device().type() != DeviceType::CUDA || !is_reduced_float(query.dtype())) return std::nullopt;
+  // Export records public ops: while tracing, the composition (whose parts are traced) runs instead.
+  if (detail::tls_tracer != nullptr || o.dropout_p >= 1) return std::nullopt;
+  const int64_t nd = query.dim();
+  if (nd < 3 || nd > 4 || key.dim() != nd || value.dim() != nd) return std::nullopt;
+  const Tensor& m = o.attn_mask;
+  if (m.defined() && m.requires_grad() && autograd::GradMode::is_enabled()) return std::nullopt;
+  Tensor q = nd == 3 ? query.unsqueeze(0) : query, k = nd == 3 ? key.unsqueeze(0) : key,
+         v = nd == 3 ? value.unsqueeze(0) : value;
+  const int64_t B = q.size(0), Hq = q.size(1), Hk = k.size(1), Tq = q.size(2), Tk = k.size(2);
+  if (k.size(0) != B || v.size(0) != B || v.size(1) != Hk) return std::nullopt;
+  if (Hq != Hk && !(o.enable_gqa && Hq % Hk == 0)) return std::nullopt;
+  AutocastOff no_autocast;
+  Tensor bias, dead;
+  {
+    NoGradGuard no_grad;
+    if (m.defined()) {
+      Tensor m4 = m;
+      while (m4.dim() < 4) m4 = m4.unsqueeze(0);
+      const Shape bshape{m4.size(0), m4.size(1), Tq, Tk};
+      const double lowest = query.dtype() == kFloat16 ? -65504.0 : -3.3895313892515355e38;
+      if (m4.dtype() == kBool) {
+        bias = tg::full(bshape, lowest, TensorOptions().dtype(query.dtype()).device(query.device())).masked_fill(m4, 0.0);
+        dead = m4.to(kFloat32).max({-1}, true).eq(0.0);
+      } else {
+        bias = m4.to(query.dtype()).clamp(lowest, -lowest).expand(bshape).contiguous();
+        dead = m4.max({-1}, true).eq(kNegInf);
+      }
+    }
+  }
+  // cuDNN reads the head dim contiguous and 16-byte aligned rows.
+  auto aligned = [](const Tensor& t) {
+    if (t.stride(-1) != 1 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+    for (int64_t d = 0; d + 1 < t.dim(); ++d)
+      if (t.size(d) > 1 && t.stride(d) % 8 != 0) return false;
+    return true;
+  };
+  Tensor qc = q.detach(), kc = k.detach(), vc = v.detach();
+  if (!aligned(qc)) qc = qc.contiguous();
+  if (!aligned(kc)) kc = kc.contiguous();
+  if (!aligned(vc)) vc = vc.contiguous();
+  const double s = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  const bool with_grad = autograd::should_record(q, k, v);
+  std::optional<native::SdpaFused> f =
+      native::sdpa_fused_forward(qc, kc, vc, bias, s, o.is_causal, o.dropout_p, with_grad);
+  if (!f) return std::nullopt;
+  Tensor out = f->out;
+  if (with_grad) {
+    auto fs = std::make_shared<native::SdpaFused>(std::move(*f));
+    fs->out = out.detach();  // the node's own output, held without its grad_fn
+    autograd::SavedTensor sq(q, kSdpa), sk(k, kSdpa), sv(v, kSdpa);
+    out = autograd::record(kSdpa, {q, k, v}, std::move(out),
+                           [fs, sq, sk, sv](const Tensor& g, const autograd::FunctionNode&) -> std::vector<Tensor> {
+                             sq.unpack();  // refuses inputs modified in place since the forward
+                             sk.unpack();
+                             sv.unpack();
+                             return native::sdpa_fused_backward(*fs, g);
+                           });
+  }
+  if (dead.defined()) out = out.masked_fill(dead, 0.0);
+  return nd == 3 ? out.squeeze(0) : out;
+}
+
 }  // namespace
 
 namespace functional {
@@ -174,6 +248,7 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
     if (cast) return std::move(*cast);
   }
   check_sdpa(query, key, value, options);
+  if (std::optional<Tensor> fused = sdpa_fused(query, key, value, options)) return std::move(*fused);
   return sdpa_math(query, key, value, options);
 }
 
