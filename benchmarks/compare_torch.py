@@ -89,6 +89,16 @@ WORKLOADS = [
     ("clip_grad_norm_gpt2_124m_fp32_vs_dram", "  same vs 3 passes at 4.8 TB/s", "lower", None),
     ("grad_norm_gpt2_124m_fp32", "total grad norm GPT-2 124M fp32", "lower", None),
     ("grad_norm_gpt2_124m_fp32_vs_dram", "  same vs 1 read at 4.8 TB/s", "lower", ("ratio", "<=", 1.1)),
+    # ---- issue 18: SDPA causal bf16 (tg_bench_attention); FLOPs 4 B H T^2 D / 2 forward, x3.5 fwd+bwd.
+    # PyTorch 2.11 on the H200 (flash): 0.192 / 0.743 ms and 1.80 / 7.61 ms.
+    ("sdpa_causal_bf16_B32_H12_T1024_D64_fwd", "SDPA causal bf16 B32 H12 T1024 D64 fwd", "lower",
+     ("ratio", "<=", 1 / 1.1, " (1.1x faster)")),
+    ("sdpa_causal_bf16_B32_H12_T1024_D64_fwd_bwd", "SDPA causal bf16 B32 H12 T1024 D64 fwd+bwd", "lower",
+     ("ratio", "<=", 1 / 1.1, " (1.1x faster)")),
+    ("sdpa_causal_bf16_B4_H16_T8192_D128_fwd", "SDPA causal bf16 B4 H16 T8192 D128 fwd", "lower", None),
+    ("sdpa_causal_bf16_B4_H16_T8192_D128_fwd_tflops", "  same, TFLOP/s", "higher", ("abs", ">=", 650.0)),
+    ("sdpa_causal_bf16_B4_H16_T8192_D128_fwd_bwd", "SDPA causal bf16 B4 H16 T8192 D128 fwd+bwd", "lower", None),
+    ("sdpa_causal_bf16_B4_H16_T8192_D128_fwd_bwd_tflops", "  same, TFLOP/s", "higher", ("abs", ">=", 540.0)),
 ]
 
 
@@ -365,6 +375,31 @@ def torch_timings(warmup, reps, only):
 
             out["grad_norm_gpt2_124m_fp32"] = (event_ms(norm_iters) * 100, "us")
         del ps, gs
+    # ---- issue 18: SDPA causal bf16, the same calls as tg_bench_attention
+    for B, H, T, D in [(32, 12, 1024, 64), (4, 16, 8192, 128)]:
+        base = f"sdpa_causal_bf16_B{B}_H{H}_T{T}_D{D}"
+        if not wants(base):
+            continue
+        fwd_flops = 4.0 * B * H * T * T * D / 2
+        qa, ka, va, ga = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        if wants(base + "_fwd"):
+            with torch.no_grad():
+                ms = event_ms(lambda: sdpa(qa, ka, va, is_causal=True))
+            out[base + "_fwd"] = (ms, "ms")
+            out[base + "_fwd_tflops"] = (fwd_flops / (ms * 1e-3) / 1e12, "TFLOP/s")
+        if wants(base + "_fwd_bwd"):
+            qr, kr, vr = (t.detach().requires_grad_(True) for t in (qa, ka, va))
+
+            def sdpa_step():
+                qr.grad = kr.grad = vr.grad = None
+                sdpa(qr, kr, vr, is_causal=True).backward(ga)
+
+            ms = event_ms(sdpa_step)
+            out[base + "_fwd_bwd"] = (ms, "ms")
+            out[base + "_fwd_bwd_tflops"] = (3.5 * fwd_flops / (ms * 1e-3) / 1e12, "TFLOP/s")
+            del qr, kr, vr
+        del qa, ka, va, ga
     torch.cuda.empty_cache()
     return out
 
@@ -376,7 +411,9 @@ def run_tg_programs(bench_dir, reps, only):
                  # ---- issue 15: softmax / cross_entropy, whole models, normalization / embedding
                  "tg_bench_softmax", "tg_bench_models", "tg_bench_norm",
                  # ---- issue 16: gradient clipping
-                 "tg_bench_clip"):
+                 "tg_bench_clip",
+                 # ---- issue 18: attention
+                 "tg_bench_attention"):
         path = os.path.join(bench_dir, prog)
         if not os.path.exists(path):
             print(f"compare_torch: {path} not found (build with -DTG_BUILD_BENCHMARKS=ON)", file=sys.stderr)

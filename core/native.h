@@ -198,6 +198,17 @@ Tensor embedding(const Tensor& index, const Tensor& weight);
 Tensor embedding_backward(const Tensor& grad, const Tensor& index, int64_t num, int64_t padding_idx);
 // x * mask / (1 - p), mask from Philox counters [offset, offset + numel) of `seed` (backend dropout).
 Tensor dropout_mask_apply(const Tensor& x, double p, uint64_t seed, uint64_t offset);
+// ---- issue 18: fused attention (core/native/attention.cpp). q, k, v, bias as backend::SdpaArgs,
+// validated by the front-end (nn/attention.cpp). nullopt when the device has no fused kernel for
+// these shapes (nothing is computed; the caller takes the math path). with_grad: keep the softmax
+// statistics and require the backward to be supported too. The backward returns {dq, dk, dv}.
+struct SdpaFused {
+  backend::SdpaArgs args;
+  Tensor out, stats;
+};
+std::optional<SdpaFused> sdpa_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                                            double scale, bool causal, double dropout_p, bool with_grad);
+std::vector<Tensor> sdpa_fused_backward(const SdpaFused& f, const Tensor& grad_out);
 // ---- issue 15: general ops (core/native/general.cpp): validated here, errors naming the op
 Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);
 // The keep-mask of tril (upper = false) or triu for a's last two dims: bool [rows, cols].

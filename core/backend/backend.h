@@ -283,6 +283,16 @@ class Backend {
   // The backward is the same call on the gradient: the mask is regenerated, never stored.
   virtual void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset);
 
+  // ---- issue 18: fused attention (cuDNN SDPA on CUDA; core/native/attention.cpp). The forward
+  // writes out and (when defined) stats from SdpaArgs and returns true, or returns false having
+  // written nothing when the device has no fused kernel for these shapes (the default; the caller
+  // takes the math path). check_backward: also false when the backward for the same shapes (and
+  // the gradient layouts of SdpaArgs) is unsupported. The backward writes dq, dk, dv.
+  virtual bool sdpa_fused_forward(const struct SdpaArgs& a, const Tensor& out, const Tensor& stats,
+                                  bool check_backward);
+  virtual void sdpa_fused_backward(const struct SdpaArgs& a, const Tensor& out, const Tensor& stats,
+                                   const Tensor& grad_out, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
   // ---- issue 15: general ops (the defaults throw; core/native/general.cpp)
   // Along dim, over the positions p of index's shape (index: int64, any strides, values validated
   // in [0, size of dim)); the other operands are addressed by their own sizes and strides:
@@ -377,6 +387,21 @@ struct NormBackwardArgs {
   Tensor grad_x, grad_weight, grad_bias;
   int64_t rows = 0, cols = 0;
   bool rms = false;
+};
+
+// ---- issue 18: fused attention. q [B, Hq, Tq, D], k [B, Hk, Tk, D], v [B, Hk, Tk, Dv] (Hq a
+// multiple of Hk), one dtype (float16 / bfloat16), any strides with the last dim contiguous; bias:
+// additive [B or 1, Hq or 1, Tq, Tk] of q's dtype, finite, or undefined; causal: key j > query i
+// masked (top-left). Dropout on the probabilities with probability dropout_p from the device
+// tensors seed / offset (int64 [1, 1, 1, 1]; undefined when dropout_p is 0). out [B, Hq, Tq, Dv]
+// has the strides the caller allocated, grad_out out's, dq / dk / dv the strides named here (the
+// backward graph is checked at the forward); stats [B, Hq, Tq, 1] float32 contiguous (the softmax
+// statistics the backward reads).
+struct SdpaArgs {
+  Tensor q, k, v, bias, seed, offset;
+  Shape dq_strides, dk_strides, dv_strides;
+  double scale = 1, dropout_p = 0;
+  bool causal = false;
 };
 
 // ---- issue 17: pooling

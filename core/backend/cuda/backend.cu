@@ -155,6 +155,14 @@ class CudaBackend final : public Backend {
     cuda::detail::DeviceGuard guard(device_of(x));
     cuda::kern::dropout(out, x, p, scale, seed, offset);
   }
+  // ---- issue 18: fused attention (cuDNN, attention_cudnn.cpp); its guard is there
+  bool sdpa_fused_forward(const SdpaArgs& a, const Tensor& out, const Tensor& stats, bool check_backward) override {
+    return cuda::kern::sdpa_fused_forward(a, out, stats, check_backward);
+  }
+  void sdpa_fused_backward(const SdpaArgs& a, const Tensor& out, const Tensor& stats, const Tensor& grad_out,
+                           const Tensor& dq, const Tensor& dk, const Tensor& dv) override {
+    cuda::kern::sdpa_fused_backward(a, out, stats, grad_out, dq, dk, dv);
+  }
   // ---- issue 15: general ops
   void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index) override {
     if (out.numel() == 0) return;

@@ -36,6 +36,10 @@ void norm_backward(const backend::NormBackwardArgs& a);
 void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset);
 void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx,
                         bool deterministic);  // embedding.cu
+// ---- issue 18: fused attention through cuDNN (attention_cudnn.cpp; false / tg::Error without cuDNN)
+bool sdpa_fused_forward(const backend::SdpaArgs& a, const Tensor& out, const Tensor& stats, bool check_backward);
+void sdpa_fused_backward(const backend::SdpaArgs& a, const Tensor& out, const Tensor& stats, const Tensor& grad_out,
+                         const Tensor& dq, const Tensor& dk, const Tensor& dv);
 
 // ---- issue 15: general ops
 void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index);  // scatter_gather.cu
