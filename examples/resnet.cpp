@@ -219,7 +219,8 @@ int main(int argc, char** argv) {
     say(o, buf);
     return o.input.empty() ? train_synthetic(o, model, *dev) : parity(o, model, *dev);
   } catch (const tg::Error& e) {
-    std::fprintf(stderr, "resnet: %s\n", e.what());
+    const std::string msg = e.what();
+    std::fprintf(stderr, "%s%s\n", msg.rfind("resnet", 0) == 0 ? "" : "resnet: ", msg.c_str());
     return 1;
   }
 }
