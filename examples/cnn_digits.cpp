@@ -134,16 +134,18 @@ int main(int argc, char** argv) {
         opt.step();
         ++step;
         total.add_(loss.detach());
-        if (show) bar.update(loss.item<double>(), 1, xb.size(0));
-        else bar.update(std::nullopt, 1, xb.size(0));
+        if (show)
+          bar.update(loss.item<double>(), 1, xb.size(0));
+        else
+          bar.update(std::nullopt, 1, xb.size(0));
       }
       const double train_loss = total.item<double>() / static_cast<double>(std::max<size_t>(loader.size(), 1));
       const double it_s = bar.rate(), samples_s = bar.samples_rate();
       if (show) bar.finish();
       acc = accuracy();
       if (metrics)
-        metrics->log(step, e, {{"train_loss", train_loss}, {"test_accuracy", acc}, {"lr", o.lr},
-                               {"samples_per_s", samples_s}});
+        metrics->log(step, e,
+                     {{"train_loss", train_loss}, {"test_accuracy", acc}, {"lr", o.lr}, {"samples_per_s", samples_s}});
       std::snprintf(buf, sizeof buf, "epoch %lld/%lld train_loss %.6f test_acc %.4f (%.1f it/s, %.0f samples/s)",
                     static_cast<long long>(e + 1), static_cast<long long>(o.epochs), train_loss, acc, it_s, samples_s);
       say(buf);

@@ -72,7 +72,8 @@ std::pair<tg::Tensor, tg::Tensor> load_batch(const Options& o, tg::Device dev) {
     const tg::nn::StateDict d = tg::load(o.input);
     TG_CHECK(d.contains("x"), "resnet: --input ", o.input, " has no tensor 'x'");
     x = d.at("x");
-    if (!o.labels.empty()) y = tg::load_npy(o.labels);
+    if (!o.labels.empty())
+      y = tg::load_npy(o.labels);
     else {
       TG_CHECK(d.contains("y"), "resnet: --input ", o.input, " has no tensor 'y' (or give --labels y.npy)");
       y = d.at("y");
@@ -159,8 +160,8 @@ int train_synthetic(const Options& o, resnet::ResNet18& model, tg::Device dev) {
   if (show) bar.finish();
   char buf[192];
   std::snprintf(buf, sizeof buf, "resnet18: %lld steps of batch %lld (%s, amp %s): mean loss %.4f, %.0f samples/s",
-                static_cast<long long>(o.synthetic), static_cast<long long>(o.batch), dev.str().c_str(),
-                o.amp.c_str(), mean_loss, samples_s);
+                static_cast<long long>(o.synthetic), static_cast<long long>(o.batch), dev.str().c_str(), o.amp.c_str(),
+                mean_loss, samples_s);
   say(o, buf);
   if (!o.save.empty()) {
     tg::save(model.state_dict(), o.save);

@@ -23,18 +23,18 @@ class BasicBlock : public tg::nn::Module {
   BasicBlock(int64_t inplanes, int64_t planes, int64_t stride = 1) {
     using tg::nn::BatchNorm2d;
     using tg::nn::Conv2d;
-    conv1 = register_module("conv1", std::make_shared<Conv2d>(inplanes, planes, 3,
-                                                              tg::nn::Conv2dOptions{.stride = stride, .padding = 1,
-                                                                                    .bias = false}));
+    conv1 = register_module(
+        "conv1", std::make_shared<Conv2d>(inplanes, planes, 3,
+                                          tg::nn::Conv2dOptions{.stride = stride, .padding = 1, .bias = false}));
     bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(planes));
-    conv2 = register_module("conv2", std::make_shared<Conv2d>(planes, planes, 3,
-                                                              tg::nn::Conv2dOptions{.padding = 1, .bias = false}));
+    conv2 = register_module(
+        "conv2", std::make_shared<Conv2d>(planes, planes, 3, tg::nn::Conv2dOptions{.padding = 1, .bias = false}));
     bn2 = register_module("bn2", std::make_shared<BatchNorm2d>(planes));
     if (stride != 1 || inplanes != planes) {
       downsample = register_module(
-          "downsample",
-          std::make_shared<tg::nn::Sequential>(
-              Conv2d(inplanes, planes, 1, tg::nn::Conv2dOptions{.stride = stride, .bias = false}), BatchNorm2d(planes)));
+          "downsample", std::make_shared<tg::nn::Sequential>(
+                            Conv2d(inplanes, planes, 1, tg::nn::Conv2dOptions{.stride = stride, .bias = false}),
+                            BatchNorm2d(planes)));
     }
   }
   tg::Tensor forward(const tg::Tensor& x) override {
