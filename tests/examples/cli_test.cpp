@@ -37,8 +37,8 @@ Proc run(const std::string& args, bool want_stdout = false) {
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
 
-const std::vector<std::string> kExamples = {"matmul",    "matmul_grad",  "standardize",    "train_regression",
-                                            "amp_train", "export_model", "custom_kernels", "classify",
+const std::vector<std::string> kExamples = {"matmul", "matmul_grad", "standardize", "train_regression", "amp_train",
+                                            "export_model", "custom_kernels", "classify",
                                             // ---- issue 17
                                             "resnet", "cnn_digits"};
 
@@ -175,9 +175,9 @@ TEST(ExampleCli, ResnetSyntheticWritesMetricsAndATorchvisionCheckpoint) {
   const fs::path dir = fs::temp_directory_path() / ("tg_cli_resnet_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string log = (dir / "m.jsonl").string(), ck = (dir / "r18.safetensors").string();
-  const Proc r = run("resnet --synthetic 2 --batch 4 --num-classes 7 --device cpu --no-progress --metrics " + log +
-                         " --save " + ck,
-                     true);
+  const Proc r = run(
+      "resnet --synthetic 2 --batch 4 --num-classes 7 --device cpu --no-progress --metrics " + log + " --save " + ck,
+      true);
   ASSERT_EQ(r.code, 0) << r.text;
   EXPECT_TRUE(has(r.text, "11180103 parameters")) << r.text;  // 11,689,512 - 513 * (1000 - 7)
   EXPECT_TRUE(has(r.text, "resnet18: 2 steps of batch 4")) << r.text;
