@@ -126,6 +126,7 @@ int main(int argc, char** argv) {
     ok &= run(o, "resnet18_amp_step", [&] {
       tg::cuda::synchronize();
       tg::cuda::empty_cache();
+      tg::cuda::reset_peak_memory_stats();
       tg::manual_seed(0);
       ResNetStep s;
       for (int i = 0; i < 3; ++i) s.step();

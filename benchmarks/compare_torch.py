@@ -428,6 +428,8 @@ def torch_timings(warmup, reps, only):
                                          ("resnet18_amp_step_vs_nobench", True, False, False),
                                          ("resnet18_amp_step_vs_nchw", False, True, False),
                                          ("resnet18_amp_step_vs_compile", True, True, True)]:
+                if comp and os.environ.get("TG_BENCH_NO_COMPILE") == "1":
+                    continue  # torch.compile takes a minute or more to compile the step
                 try:
                     out[key] = (resnet_step_ms(cl, bench, comp), "ms")
                 except Exception as e:  # torch.compile may be unavailable (no triton, no compiler)
