@@ -99,7 +99,29 @@ WORKLOADS = [
     ("sdpa_causal_bf16_B4_H16_T8192_D128_fwd_tflops", "  same, TFLOP/s", "higher", ("abs", ">=", 650.0)),
     ("sdpa_causal_bf16_B4_H16_T8192_D128_fwd_bwd", "SDPA causal bf16 B4 H16 T8192 D128 fwd+bwd", "lower", None),
     ("sdpa_causal_bf16_B4_H16_T8192_D128_fwd_bwd_tflops", "  same, TFLOP/s", "higher", ("abs", ">=", 540.0)),
+
+    # ---- issue 17: convolutions (tg_bench_cnn). ResNet-18 (10 classes), batch 512 of 3x32x32, AMP fp16 +
+    # GradScaler, SGD momentum, ms/step. Baseline: PyTorch eager, channels_last, cudnn.benchmark (8.07 ms on the
+    # H200); the graph row has the same baseline. The "vs" rows compare our eager step with PyTorch's other
+    # settings from the same call (8.52 ms without cudnn.benchmark, torch.compile 14.6 ms). Speed >= 1.0x is
+    # time ratio <= 1; speed >= 0.5x is time ratio <= 2.
+    ("resnet18_amp_step", "ResNet-18 AMP fp16 train step b512 (vs eager+benchmark)", "lower",
+     ("ratio", "<=", 0.8, " (1.25x faster)")),
+    ("resnet18_amp_step_graph", "  same step as a CUDA graph (vs eager+benchmark)", "lower", ("ratio", "<=", 0.7)),
+    ("resnet18_amp_step_vs_nobench", "  our eager step vs PyTorch eager, no cudnn.benchmark", "lower", None),
+    ("resnet18_amp_step_vs_compile", "  our eager step vs PyTorch torch.compile", "lower", None),
+    ("resnet18_amp_step_vs_nchw", "  our eager step vs PyTorch eager NCHW + benchmark", "lower", None),
+    ("conv2d_3x3_64_56x56_b128_bf16_fwd_bwd", "conv2d 3x3 64->64 56x56 b128 bf16 fwd+bwd (PyTorch NHWC)", "lower",
+     ("ratio", "<=", 1.0)),
+    ("cpu_conv2d_3x3_32_32x32_b16_fp32_fwd", "CPU conv2d 3x3 32->32 32x32 b16 fp32 fwd", "lower", ("ratio", "<=", 2.0)),
 ]
+# Rows whose tapegrad figure is another row's (the same program result against another PyTorch setting).
+TG_ALIASES = {
+    # ---- issue 17
+    "resnet18_amp_step_vs_nobench": "resnet18_amp_step",
+    "resnet18_amp_step_vs_compile": "resnet18_amp_step",
+    "resnet18_amp_step_vs_nchw": "resnet18_amp_step",
+}
 
 
 def median_of(fn, warmup, reps):
@@ -400,7 +422,101 @@ def torch_timings(warmup, reps, only):
             out[base + "_fwd_bwd_tflops"] = (3.5 * fwd_flops / (ms * 1e-3) / 1e12, "TFLOP/s")
             del qr, kr, vr
         del qa, ka, va, ga
+
+    # ---- issue 17: convolutions, as tg_bench_cnn (input drawn once; 10 steps / calls per timed repeat)
+    if any(wants(k) for k in ("resnet18_amp_step", "resnet18_amp_step_graph", "resnet18_amp_step_vs_nobench",
+                              "resnet18_amp_step_vs_compile", "resnet18_amp_step_vs_nchw")):
+        try:
+            import torchvision
+        except ImportError:
+            torchvision = None
+            print("compare_torch: no torchvision; the ResNet-18 rows have no PyTorch side", file=sys.stderr)
+
+        def resnet_step_ms(channels_last, benchmark, compiled):
+            torch.backends.cudnn.benchmark = benchmark
+            torch.manual_seed(0)
+            model = torchvision.models.resnet18(num_classes=10).cuda()
+            xr = torch.randn(512, 3, 32, 32, device="cuda")
+            yr = torch.randint(0, 10, (512,), device="cuda")
+            if channels_last:
+                model = model.to(memory_format=torch.channels_last)
+                xr = xr.contiguous(memory_format=torch.channels_last)
+            sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+            scaler = torch.amp.GradScaler("cuda")
+            fwd = torch.compile(model) if compiled else model
+
+            def ten_steps():
+                for _ in range(10):
+                    sgd.zero_grad()
+                    with torch.autocast("cuda", dtype=torch.float16):
+                        loss = torch.nn.functional.cross_entropy(fwd(xr), yr)
+                    scaler.scale(loss).backward()
+                    scaler.step(sgd)
+                    scaler.update()
+
+            ten_steps()  # cudnn.benchmark's search, torch.compile's compilation
+            try:
+                return event_ms(ten_steps) / 10
+            finally:
+                torch.backends.cudnn.benchmark = False
+
+        if torchvision is not None:
+            for key, cl, bench, comp in [("resnet18_amp_step", True, True, False),
+                                         ("resnet18_amp_step_vs_nobench", True, False, False),
+                                         ("resnet18_amp_step_vs_nchw", False, True, False),
+                                         ("resnet18_amp_step_vs_compile", True, True, True)]:
+                if comp and os.environ.get("TG_BENCH_NO_COMPILE") == "1":
+                    continue  # torch.compile takes a minute or more to compile the step
+                try:
+                    out[key] = (resnet_step_ms(cl, bench, comp), "ms")
+                except Exception as e:  # torch.compile may be unavailable (no triton, no compiler)
+                    print(f"compare_torch: PyTorch {key}: {e}", file=sys.stderr)
+            if "resnet18_amp_step" in out:
+                out["resnet18_amp_step_graph"] = out["resnet18_amp_step"]
+            torch.cuda.empty_cache()
+    if wants("conv2d_3x3_64_56x56_b128_bf16_fwd_bwd"):
+        torch.backends.cudnn.benchmark = True
+        torch.manual_seed(0)
+        xc = torch.randn(128, 64, 56, 56, device="cuda").to(torch.bfloat16)
+        xc = xc.contiguous(memory_format=torch.channels_last).requires_grad_(True)
+        wc = (torch.randn(64, 64, 3, 3, device="cuda") * 0.04).to(torch.bfloat16)
+        wc = wc.contiguous(memory_format=torch.channels_last).requires_grad_(True)
+        gc = torch.randn(128, 64, 56, 56, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+
+        def conv_iters():
+            for _ in range(10):
+                yc = torch.nn.functional.conv2d(xc, wc, padding=1)
+                torch.autograd.grad(yc, (xc, wc), gc)
+
+        out["conv2d_3x3_64_56x56_b128_bf16_fwd_bwd"] = (event_ms(conv_iters) / 10, "ms")
+        torch.backends.cudnn.benchmark = False
+        del xc, wc, gc
     torch.cuda.empty_cache()
+    return out
+
+
+def torch_cpu_timings(warmup, reps, only):
+    """PyTorch's CPU rows (no GPU needed); {workload: (value, unit)}."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    out = {}
+    wants = lambda w: not only or only in w
+    # ---- issue 17: CPU conv2d forward, as tg_bench_cnn (10 calls per timed repeat, host clock)
+    if wants("cpu_conv2d_3x3_32_32x32_b16_fp32_fwd"):
+        torch.manual_seed(0)
+        x = torch.randn(16, 32, 32, 32)
+        w = torch.randn(32, 32, 3, 3) * 0.06
+
+        def ten():
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                for _ in range(10):
+                    torch.nn.functional.conv2d(x, w, padding=1)
+            return (time.perf_counter() - t0) * 1e3 / 10
+
+        out["cpu_conv2d_3x3_32_32x32_b16_fp32_fwd"] = (median_of(ten, warmup, reps), "ms")
     return out
 
 
@@ -413,7 +529,9 @@ def run_tg_programs(bench_dir, reps, only):
                  # ---- issue 16: gradient clipping
                  "tg_bench_clip",
                  # ---- issue 18: attention
-                 "tg_bench_attention"):
+                 "tg_bench_attention",
+                 # ---- issue 17: convolutions
+                 "tg_bench_cnn"):
         path = os.path.join(bench_dir, prog)
         if not os.path.exists(path):
             print(f"compare_torch: {path} not found (build with -DTG_BUILD_BENCHMARKS=ON)", file=sys.stderr)
@@ -504,7 +622,12 @@ def main():
         with open(path) as f:
             records += parse_lines(f)
     tg = {r["workload"]: r for r in records}
+    for alias, src in TG_ALIASES.items():
+        if src in tg and alias not in tg:
+            tg[alias] = tg[src]
     base = {} if a.no_torch else torch_timings(a.warmup, a.reps, a.only)
+    if not a.no_torch:
+        base.update(torch_cpu_timings(a.warmup, a.reps, a.only))
 
     if a.json_out:
         with open(a.json_out, "w") as f:
