@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   gpt2::Options o;
   examples::App app{"GPT-2 trained on token shards or a text file (byte tokenizer)", "gpt2"};
   int64_t vocab = 0;
+  std::string device;
   bool no_progress = false;
   auto* data_opt = app.add_option("--data", o.data, "training tokens: a shard (.bin) or a text file");
   app.add_option("--val-data", o.val_data, "validation tokens (default: the last --val-fraction of --data)")
@@ -57,7 +58,7 @@ int main(int argc, char** argv) {
   app.add_option("--eval-iters", o.eval_iters, "batches per validation")->check(examples::kPositive);
   app.add_option("--precision", o.precision, "bf16 (autocast), fp32, or auto (bf16 on CUDA)")
       ->check(CLI::IsMember({"auto", "bf16", "fp32"}));
-  examples::add_device_option(app, o.device);
+  examples::add_device_option(app, device);
   app.add_option("--seed", o.seed, "seed (weights, batches, sampling)");
   app.add_option("--init-hf", o.init_hf, "start from a GPT2LMHeadModel model.safetensors");
   app.add_option("--out", o.out, "checkpoint, written at each validation and at the end");
@@ -66,7 +67,7 @@ int main(int argc, char** argv) {
   app.add_option("--sample", o.sample_tokens, "tokens sampled at the end (0: none)")->check(examples::kNonNegative);
   app.add_option("--temperature", o.temperature, "sampling temperature (0: greedy)")->check(examples::kNonNegative);
   app.add_option("--top-k", o.top_k, "sample from the k most likely tokens (0: all)")->check(examples::kNonNegative);
-  app.add_option("--prompt", o.prompt, "prompt of the byte tokenizer");
+  app.add_option("--prompt", o.prompt, "prompt of the byte tokenizer")->default_str("\"\\n\"");
   auto* batches_opt = app.add_option("--batches", o.batches, "parity mode: the batches (safetensors 'tokens')")
                           ->excludes(data_opt);
   app.add_option("--logits-out", o.logits_out, "parity mode: write batch 0's logits and loss here")
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
   if (!o.metrics.empty() && std::filesystem::exists(o.metrics))
     return examples::usage_error(app, "--metrics " + o.metrics + " exists (remove it or name another file)");
   o.progress = !no_progress;
-  const auto dev = examples::pick_device(app, o.device);
+  const auto dev = examples::pick_device(app, device);
   if (!dev) return 2;
   o.device = dev->is_cuda() ? "cuda" : "cpu";
   try {
@@ -96,7 +97,8 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     });
   } catch (const tg::Error& e) {
-    std::fprintf(stderr, "gpt2: %s\n", e.what());
+    const std::string msg = e.what();
+    std::fprintf(stderr, "%s%s\n", msg.starts_with("gpt2: ") ? "" : "gpt2: ", msg.c_str());
     return 1;
   }
   return 0;
