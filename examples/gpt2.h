@@ -747,7 +747,7 @@ inline Result train(Options o, const std::function<void(const std::string&)>& lo
   const bool show = o.progress && !o.quiet && !parity_batches.defined();
   std::ostringstream sink;
   tg::data::ProgressBar bar(std::max<int64_t>(o.steps - step, 0),
-                            {.out = show ? nullptr : &sink, .batch_size = tokens_per_step});
+                            {.out = show ? nullptr : &sink, .batch_size = tokens_per_step, .sample_unit = "tok"});
   bar.start_epoch(0);
   while (step < o.steps) {
     opt.zero_grad();
