@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -426,13 +427,22 @@ class TokenData {
   }
 
  private:
+  // Every token below vocab_size, scanned on the CPU backend's threads; the error names the first.
   void check_vocab(int64_t vocab_size) const {
-    for (int64_t i = 0; i < count_; ++i) {
-      const int64_t t = (*this)[i];
-      if (t >= vocab_size)
-        TG_ERROR("gpt2: '", path_, "': token ", t, " at byte offset ", header_bytes_ + i * width_, " (token ", i,
-                 ") is not below the vocab size ", vocab_size, " (--vocab)");
-    }
+    std::atomic<int64_t> first_bad{count_};
+    tg::parallel_for(0, count_, 1 << 20, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i)
+        if ((*this)[i] >= vocab_size) {
+          int64_t cur = first_bad.load();
+          while (i < cur && !first_bad.compare_exchange_weak(cur, i)) {
+          }
+          return;
+        }
+    });
+    const int64_t i = first_bad.load();
+    if (i < count_)
+      TG_ERROR("gpt2: '", path_, "': token ", (*this)[i], " at byte offset ", header_bytes_ + i * width_, " (token ",
+               i, ") is not below the vocab size ", vocab_size, " (--vocab)");
   }
 
   std::string path_;

@@ -254,6 +254,14 @@ TEST_F(Gpt2Test, FlatShardIsReadAndValidated) {
   std::string e = error_of([&] { gpt2::TokenData::open(path("bad.bin"), 300); });
   EXPECT_NE(e.find("bad.bin"), std::string::npos) << e;
   EXPECT_NE(e.find("token 300 at byte offset 246"), std::string::npos) << e;
+  // Several bad tokens across the threads' chunks: the first is named.
+  std::vector<uint16_t> big(3'000'000, 5);
+  big[2'500'000] = 400;
+  big[1'200'000] = 301;
+  big[2'900'000] = 999;
+  write(path("big.bin"), big.data(), big.size() * 2);
+  e = error_of([&] { gpt2::TokenData::open(path("big.bin"), 300); });
+  EXPECT_NE(e.find("token 301 at byte offset 2400000 (token 1200000)"), std::string::npos) << e;
   // An odd size, an empty file, a missing file.
   write(path("odd.bin"), toks.data(), 7);
   e = error_of([&] { gpt2::TokenData::open(path("odd.bin"), 50257); });
