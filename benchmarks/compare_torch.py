@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Side-by-side timings: tapegrad's benchmark programs against the same workloads in PyTorch.
 
-Runs tg_bench_gpu, tg_bench_cpu, tg_bench_interop and tg_bench_amp (from --bench-dir) or reads their JSON lines from files
+Runs tg_bench_gpu, tg_bench_cpu, tg_bench_interop, tg_bench_amp, ... (from --bench-dir) or reads their JSON lines from files
 (--tg-json), times PyTorch with the same method (warm-up discarded, median of >= 10 repeats,
 torch.cuda.Event for device work, host clock + synchronize for host-side workloads), and
 prints a table LAST: workload | tapegrad | PyTorch | ratio | target.
@@ -114,6 +114,17 @@ WORKLOADS = [
     ("conv2d_3x3_64_56x56_b128_bf16_fwd_bwd", "conv2d 3x3 64->64 56x56 b128 bf16 fwd+bwd (PyTorch NHWC)", "lower",
      ("ratio", "<=", 1.0)),
     ("cpu_conv2d_3x3_32_32x32_b16_fp32_fwd", "CPU conv2d 3x3 32->32 32x32 b16 fp32 fwd", "lower", ("ratio", "<=", 2.0)),
+
+    # ---- issue 18: GPT-2 124M train step (tg_bench_gpt2: examples/gpt2.h's model), B=32 T=1024 vocab 50304, bf16
+    # autocast, AdamW (fused), clip_grad_norm_(1.0); PyTorch: the nanoGPT-style model below (flash SDPA), eager and
+    # torch.compile. The first row's baseline is eager, the second's torch.compile (target 1.1x); peak memory
+    # against eager; time to first step (model built to first step done) against torch.compile's.
+    ("gpt2_124m_train_step_b32_t1024_bf16", "GPT-2 124M train step B=32 T=1024 bf16 (vs eager)", "higher",
+     ("abs", ">=", 580000.0, " tok/s")),
+    ("gpt2_124m_train_step_b32_t1024_bf16_vs_compile", "  same vs torch.compile", "higher",
+     ("ratio", ">=", 1.1)),
+    ("gpt2_124m_train_step_b32_t1024_bf16_peak_gib", "  peak GPU memory (vs eager)", "lower", ("abs", "<=", 31.0)),
+    ("gpt2_124m_first_step", "GPT-2 124M time to first step (vs torch.compile)", "lower", ("abs", "<=", 5.0)),
 ]
 # Rows whose tapegrad figure is another row's (the same program result against another PyTorch setting).
 TG_ALIASES = {
@@ -491,6 +502,10 @@ def torch_timings(warmup, reps, only):
         out["conv2d_3x3_64_56x56_b128_bf16_fwd_bwd"] = (event_ms(conv_iters) / 10, "ms")
         torch.backends.cudnn.benchmark = False
         del xc, wc, gc
+
+    # ---- issue 18: GPT-2 124M train step, nanoGPT-style (as tg_bench_gpt2: wall clock around a synchronised step)
+    if wants("gpt2_124m"):
+        out.update(gpt2_timings(torch, warmup, reps))
     torch.cuda.empty_cache()
     return out
 
@@ -517,6 +532,98 @@ def torch_cpu_timings(warmup, reps, only):
             return (time.perf_counter() - t0) * 1e3 / 10
 
         out["cpu_conv2d_3x3_32_32x32_b16_fp32_fwd"] = (median_of(ten, warmup, reps), "ms")
+
+def nanogpt_model(torch, n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304):
+    """nanoGPT's GPT (model.py), without dropout: flash SDPA, tanh GELU, lm_head tied to wte."""
+    nn, F = torch.nn, torch.nn.functional
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn, self.c_proj = nn.Linear(n_embd, 3 * n_embd), nn.Linear(n_embd, n_embd)
+
+        def forward(self, x):
+            B, T, C = x.shape
+            q, k, v = (t.view(B, T, n_head, C // n_head).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(n_embd), Attention(), nn.LayerNorm(n_embd)
+            self.c_fc, self.c_proj = nn.Linear(n_embd, 4 * n_embd), nn.Linear(4 * n_embd, n_embd)
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab_size, n_embd), nn.Embedding(block_size, n_embd)
+            self.h = nn.ModuleList(Block() for _ in range(n_layer))
+            self.ln_f = nn.LayerNorm(n_embd)
+            self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+            self.wte.weight = self.lm_head.weight
+
+        def forward(self, idx, targets):
+            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+            for block in self.h:
+                x = block(x)
+            logits = self.lm_head(self.ln_f(x))
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+    return GPT()
+
+
+def gpt2_timings(torch, warmup, reps, B=32, T=1024, V=50304):
+    out = {}
+    name = "gpt2_124m_train_step_b32_t1024_bf16"
+    for mode in ("eager", "compile"):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        t_build = time.perf_counter()
+        torch.manual_seed(0)
+        model = nanogpt_model(torch).cuda()
+        params = list(model.parameters())
+        opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                                 {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                                lr=6e-4, betas=(0.9, 0.95), fused=True)
+        fwd = torch.compile(model) if mode == "compile" else model
+        rows = torch.randint(0, V, (B, T + 1), device="cuda")
+        x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = fwd(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+
+        step()
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t_build
+
+        def once():
+            t0 = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            return (time.perf_counter() - t0) * 1e3
+
+        ms = median_of(once, warmup, reps)
+        tok_s = B * T / (ms * 1e-3)
+        if mode == "eager":
+            out[name] = (tok_s, "tok/s")
+            out[name + "_peak_gib"] = (torch.cuda.max_memory_allocated() / 2**30, "GiB")
+        else:
+            out[name + "_vs_compile"] = (tok_s, "tok/s")
+            out["gpt2_124m_first_step"] = (first, "s")
+        print(f"compare_torch: nanoGPT 124M {mode}: {ms:.1f} ms/step, {tok_s:.0f} tok/s, "
+              f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB, first step {first:.1f} s", file=sys.stderr)
+        del model, opt, fwd, params
     return out
 
 
@@ -531,7 +638,9 @@ def run_tg_programs(bench_dir, reps, only):
                  # ---- issue 18: attention
                  "tg_bench_attention",
                  # ---- issue 17: convolutions
-                 "tg_bench_cnn"):
+                 "tg_bench_cnn",
+                 # ---- issue 18: GPT-2 train step
+                 "tg_bench_gpt2"):
         path = os.path.join(bench_dir, prog)
         if not os.path.exists(path):
             print(f"compare_torch: {path} not found (build with -DTG_BUILD_BENCHMARKS=ON)", file=sys.stderr)

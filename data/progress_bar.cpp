@@ -84,8 +84,8 @@ std::string ProgressBar::line() const {
   std::snprintf(buf, sizeof buf, " %.1f it/s", r);
   s += buf;
   if (show_samples_) {
-    std::snprintf(buf, sizeof buf, " %.0f samples/s", samples_rate());
-    s += buf;
+    std::snprintf(buf, sizeof buf, " %.0f ", samples_rate());
+    s += buf + opt_.sample_unit + "/s";
   }
   if (loss_count_ > 0) {
     std::snprintf(buf, sizeof buf, " loss %.4f", mean_loss());

@@ -27,6 +27,7 @@ struct ProgressBarOptions {
   int width = 24;                   // characters inside the bar's brackets (0: no bar)
   std::function<double()> clock;    // seconds, monotonic; default std::chrono::steady_clock
   int64_t batch_size = 0;           // samples per step: > 0 shows samples/s (update's `samples` overrides)
+  std::string sample_unit = "samples";  // issue 18: the rate's name, e.g. "tok" for " 5120 tok/s"
 };
 
 class ProgressBar {

@@ -117,6 +117,18 @@ TEST(ProgressBar, SamplesPerSecondFromBatchSizeAndShortLastBatch) {
   EXPECT_THROW(ProgressBar(3, {.batch_size = -1}), tg::Error);
 }
 
+// ---- issue 18: the rate's unit (tokens for a language model)
+TEST(ProgressBar, SampleUnitNamesTheRate) {
+  std::ostringstream os;
+  double t = 0.0;
+  ProgressBar bar(2, {.out = &os, .tty = false, .width = 0, .clock = [&] { return t; }, .batch_size = 4096,
+                      .sample_unit = "tok"});
+  bar.start_epoch(0);
+  t = 0.25;
+  bar.update(3.0);
+  EXPECT_EQ(bar.line(), "epoch 1 1/2 4.0 it/s 16384 tok/s loss 3.0000 ETA 00:00");
+}
+
 TEST(ProgressBar, DurationFormatAndBadArguments) {
   EXPECT_EQ(tg::data::format_duration(0), "00:00");
   EXPECT_EQ(tg::data::format_duration(59.4), "00:59");

@@ -216,4 +216,69 @@ TEST(ExampleCli, CnnDigitsLearnsSyntheticDigits) {
   EXPECT_TRUE(has(low.text, "< --min-acc")) << low.text;
 }
 
+// ---- issue 18: examples/gpt2's command line: usage errors exit 2, bad data exits 1 naming the
+// file, a small run on a text file (byte tokenizer) logs metrics, validates and samples.
+TEST(ExampleCli, Gpt2UsageErrorsBadDataAndASmallRun) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("tg_cli_gpt2_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string text = (dir / "t.txt").string(), bad = (dir / "bad.bin").string();
+  {
+    std::ofstream f(text);
+    for (int i = 0; i < 300; ++i) f << "a quick brown fox jumps over the lazy dog " << i % 7 << "\n";
+    std::ofstream b(bad, std::ios::binary);
+    const uint16_t toks[4] = {1, 2, 60000, 3};
+    b.write(reinterpret_cast<const char*>(toks), sizeof toks);
+  }
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"gpt2 --data " + text + " --seq 2000", "--seq 2000 is longer than the context 1024"},
+      {"gpt2 --data " + text + " --width 100", "--width 100 is not a multiple of --heads 12"},
+      {"gpt2 --data " + text + " --vocab 0", "--vocab"},
+      {"gpt2 --data " + text + " --precision fp8", "--precision"},
+      {"gpt2 --steps 3", "--data FILE is required"},
+      {"gpt2 --data " + text + " --batches b.safetensors", "--batches"},
+      {"gpt2 --data " + text + " --logits-out l.safetensors", "--logits-out"},
+  };
+  for (const auto& [args, needle] : cases) {
+    const Proc r = run(args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.text;
+    EXPECT_TRUE(has(r.text, needle)) << args << ": wanted '" << needle << "' in: " << r.text;
+    EXPECT_TRUE(has(r.text, "Usage: gpt2")) << args << ": " << r.text;
+  }
+  if (!tg::cuda::is_available()) {
+    const Proc r = run("gpt2 --data " + text + " --device cuda");
+    EXPECT_EQ(r.code, 2) << r.text;
+    EXPECT_TRUE(has(r.text, "--device cuda: no usable CUDA device")) << r.text;
+  }
+  const Proc b = run("gpt2 --data " + bad + " --device cpu");
+  EXPECT_EQ(b.code, 1) << b.text;
+  EXPECT_TRUE(has(b.text, "bad.bin': token 60000 at byte offset 4 (token 2) is not below the vocab size 50257"))
+      << b.text;
+  const std::string log = (dir / "m.jsonl").string();
+  const Proc r = run("gpt2 --data " + text + " --device cpu --layers 1 --heads 2 --width 32 --context 32 --seq 32 "
+                     "--batch 4 --steps 8 --warmup 2 --lr 3e-3 --eval-interval 4 --eval-iters 2 --sample 40 "
+                     "--no-progress --metrics " + log,
+                     true);
+  ASSERT_EQ(r.code, 0) << r.text;
+  EXPECT_TRUE(has(r.text, "vocab 256")) << r.text;
+  EXPECT_TRUE(has(r.text, "step 4 val_loss")) << r.text;
+  EXPECT_TRUE(has(r.text, "step 8 val_loss")) << r.text;
+  EXPECT_TRUE(has(r.text, "---- sample (40 tokens")) << r.text;
+  std::ifstream in(log);
+  int train = 0, val = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("train_loss")) {
+      ++train;
+      EXPECT_EQ(j["step"].get<int>(), train);
+      EXPECT_GT(j["tokens_per_s"].get<double>(), 0.0);
+      EXPECT_GT(j["grad_norm"].get<double>(), 0.0);
+    }
+    if (j.contains("val_loss")) ++val;
+  }
+  EXPECT_EQ(train, 8);
+  EXPECT_EQ(val, 2);
+  fs::remove_all(dir);
+}
+
 }  // namespace

@@ -1,0 +1,148 @@
+// GPT-2 training steps (issue #18's table): examples/gpt2.h's model as a user trains it, on random
+// tokens resident on the device; one step = zero_grad, forward and loss (bf16 autocast on CUDA),
+// backward, clip_grad_norm_(1.0), AdamW (nanoGPT's groups; fused on CUDA). Host wall clock around
+// a synchronised step, median of repeats. Rows: tokens/s (extra: ms, model FLOPs utilisation against
+// the H200's 989 dense bf16 TFLOP/s, peak memory), the same figure again for the torch.compile
+// comparison, peak GPU memory in GiB, and the time from building the model to the end of the first
+// step. compare_torch.py times the nanoGPT-style PyTorch model (eager and torch.compile) alike.
+//
+//   tg_bench_gpt2                          # CUDA: 124M (12/12/768, context 1024, vocab 50304), B=32 T=1024 bf16
+//   tg_bench_gpt2 --batch 8 --seq 256      # CPU default: 2 layers, 2 heads, width 64, vocab 256, B=4 T=64 fp32
+//   tg_bench_gpt2 --layers 4 --heads 4 --width 256 --vocab 50304 --precision fp32 --reps 10
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <tapegrad/tapegrad.h>
+#include "benchmarks/bench_util.h"
+#include "examples/gpt2.h"
+
+namespace {
+
+struct Flags {
+  int64_t batch = 0, seq = 0, layers = 0, heads = 0, width = 0, vocab = 0;
+  std::string precision, device;
+};
+
+// Takes this program's flags out of argv; the rest go to tg::bench::parse_options.
+Flags take_flags(int& argc, char** argv) {
+  Flags f;
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    auto num = [&](const char* name, int64_t& v) {
+      if (std::strcmp(argv[i], name) != 0 || i + 1 >= argc) return false;
+      v = std::atoll(argv[++i]);
+      if (v <= 0) {
+        std::fprintf(stderr, "tg_bench_gpt2: %s must be > 0\n", name);
+        std::exit(2);
+      }
+      return true;
+    };
+    auto str = [&](const char* name, std::string& v) {
+      if (std::strcmp(argv[i], name) != 0 || i + 1 >= argc) return false;
+      v = argv[++i];
+      return true;
+    };
+    if (num("--batch", f.batch) || num("--seq", f.seq) || num("--layers", f.layers) || num("--heads", f.heads) ||
+        num("--width", f.width) || num("--vocab", f.vocab) || str("--precision", f.precision) ||
+        str("--device", f.device))
+      continue;
+    argv[out++] = argv[i];
+  }
+  argc = out;
+  return f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f = take_flags(argc, argv);
+  const auto o = tg::bench::parse_options(argc, argv);
+  if (f.device.empty()) f.device = tg::cuda::is_available() ? "cuda" : "cpu";
+  if (f.device != "cpu" && f.device != "cuda") {
+    std::fprintf(stderr, "tg_bench_gpt2: --device cpu|cuda\n");
+    return 2;
+  }
+  if (f.device == "cuda" && !tg::cuda::is_available()) {
+    std::fprintf(stderr, "tg_bench_gpt2: no CUDA device\n");
+    return 0;
+  }
+  const bool cuda = f.device == "cuda";
+  gpt2::Config c = cuda ? gpt2::Config{.vocab_size = 50304}
+                        : gpt2::Config{.n_layer = 2, .n_head = 2, .n_embd = 64, .block_size = 64, .vocab_size = 256};
+  if (f.layers) c.n_layer = f.layers;
+  if (f.heads) c.n_head = f.heads;
+  if (f.width) c.n_embd = f.width;
+  if (f.vocab) c.vocab_size = f.vocab;
+  const int64_t B = f.batch ? f.batch : cuda ? 32 : 4;
+  const int64_t T = f.seq ? f.seq : cuda ? 1024 : 64;
+  c.block_size = std::max(c.block_size, T);
+  if (f.precision.empty()) f.precision = cuda ? "bf16" : "fp32";
+  const bool bf16 = f.precision == "bf16";
+  const bool is_124m = c.n_layer == 12 && c.n_head == 12 && c.n_embd == 768 && c.block_size == 1024;
+  const std::string model_name =
+      is_124m ? "124m" : "l" + std::to_string(c.n_layer) + "h" + std::to_string(c.n_head) + "c" + std::to_string(c.n_embd);
+  const std::string name = "gpt2_" + model_name + "_train_step_b" + std::to_string(B) + "_t" + std::to_string(T) +
+                           "_" + f.precision + (cuda ? "" : "_cpu");
+  if (!o.wants(name) && !o.wants("gpt2_" + model_name + "_first_step")) return 0;
+
+  const tg::Device dev = cuda ? tg::Device(tg::kCUDA) : tg::Device(tg::kCPU);
+  auto sync = [&] {
+    if (cuda) tg::cuda::synchronize();
+  };
+  if (cuda) tg::cuda::reset_peak_memory_stats();
+  const double t_build = tg::bench::now_s();
+  tg::manual_seed(0);
+  gpt2::GPT model(c);
+  model.to(dev);
+  tg::optim::AdamW opt = gpt2::make_optimizer(model, 6e-4, 0.1);
+  const std::vector<tg::Tensor> params = model.parameters();
+  const tg::Tensor rows =
+      (tg::rand({B, T + 1}, dev) * static_cast<double>(c.vocab_size)).to(tg::kInt64).clamp(0, c.vocab_size - 1);
+  const tg::Tensor x = rows.slice(1, 0, T).contiguous(), y = rows.slice(1, 1, T + 1).contiguous();
+  auto step = [&] {
+    opt.zero_grad();
+    tg::Tensor loss;
+    {
+      tg::amp::autocast guard(dev.type(), tg::kBFloat16, bf16);
+      loss = gpt2::loss_fn(model(x), y);
+    }
+    loss.backward();
+    tg::nn::utils::clip_grad_norm_(params, 1.0);
+    opt.step();
+  };
+  step();
+  sync();
+  const double first_step_s = tg::bench::now_s() - t_build;
+  std::vector<double> ms;
+  for (int r = 0; r < o.warmup + o.reps; ++r) {
+    sync();
+    const double t0 = tg::bench::now_s();
+    step();
+    sync();
+    if (r >= o.warmup) ms.push_back((tg::bench::now_s() - t0) * 1e3);
+  }
+  const double med = tg::bench::median(ms);
+  const double tok_s = static_cast<double>(B * T) / (med * 1e-3);
+  const double mfu = tok_s * gpt2::flops_per_token(model, T) / 989e12;
+  const double peak_gib = cuda ? static_cast<double>(tg::cuda::max_memory_allocated()) / (1 << 30) : 0.0;
+  char extra[320];
+  std::snprintf(extra, sizeof extra,
+                "\"step_ms\": %.4g, \"mfu_h200\": %.4g, \"peak_gib\": %.4g, \"params\": %lld, \"batch\": %lld, "
+                "\"seq\": %lld, \"vocab\": %lld",
+                med, mfu, peak_gib, static_cast<long long>(model.num_params()), static_cast<long long>(B),
+                static_cast<long long>(T), static_cast<long long>(c.vocab_size));
+  if (o.wants(name)) {
+    tg::bench::emit(name, tok_s, "tok/s", med, extra);
+    if (cuda) {
+      tg::bench::emit(name + "_vs_compile", tok_s, "tok/s", med, extra);
+      tg::bench::emit(name + "_peak_gib", peak_gib, "GiB", med);
+    }
+  }
+  if (o.wants("gpt2_" + model_name + "_first_step"))
+    tg::bench::emit("gpt2_" + model_name + "_first_step" + (cuda ? "" : "_cpu"), first_step_s, "s",
+                    first_step_s * 1e3);
+  return 0;
+}
