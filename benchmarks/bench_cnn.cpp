@@ -8,8 +8,8 @@
 //   cpu_conv2d_3x3_32_32x32_b16_fp32_fwd   ms  CPU conv2d 3x3 32->32 pad 1, [16, 32, 32, 32] fp32, no bias,
 //                                       forward only (host clock)
 // The input and labels are drawn once and reused (PyTorch's side does the same). Channels-last:
-// TG_BENCH_CHANNELS_LAST switches the model and inputs to tg::MemoryFormat::ChannelsLast (define it
-// once that API is merged; PyTorch's rows are channels_last, as in the issue's table).
+// The CUDA rows run channels-last with cuDNN autotuning on (tg::backends::cudnn::set_benchmark), as
+// PyTorch's rows (channels_last, cudnn.benchmark) in the issue's table.
 //
 //   tg_bench_cnn [--reps N] [--warmup N] [--only SUBSTRING]
 #include <cstdio>
@@ -35,12 +35,9 @@ struct ResNetStep {
     model.to(tg::kCUDA);
     x = tg::randn({kBatch, 3, 32, 32}, tg::kCUDA);
     y = (tg::rand({kBatch}, tg::kCUDA) * static_cast<double>(kClasses)).to(tg::kInt64).clamp(0, kClasses - 1);
-#ifdef TG_BENCH_CHANNELS_LAST
+    // NHWC under AMP: the fast path for CNNs on H100 / H200 (and PyTorch's rows are channels_last).
     model.to(tg::MemoryFormat::ChannelsLast);
     x = x.contiguous(tg::MemoryFormat::ChannelsLast);
-#endif
-    // TODO(issue 17, channels_last): define TG_BENCH_CHANNELS_LAST (benchmarks/CMakeLists.txt) once
-    // tg::MemoryFormat is merged; until then the tapegrad rows run NCHW.
   }
   void step() {
     opt.zero_grad();
@@ -109,13 +106,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tg_bench_cnn: no CUDA device (CPU rows only)\n");
     return ok ? 0 : 1;
   }
+  tg::backends::cudnn::set_benchmark(true);
   ok &= run(o, "conv2d_3x3_64_56x56_b128_bf16_fwd_bwd", [&] {
     tg::manual_seed(0);
-    const tg::Tensor x = tg::randn({128, 64, 56, 56}, tg::kCUDA).to(tg::kBFloat16).requires_grad_();
-    const tg::Tensor w = (tg::randn({64, 64, 3, 3}, tg::kCUDA) * 0.04).to(tg::kBFloat16).requires_grad_();
-    const tg::Tensor g = tg::randn({128, 64, 56, 56}, tg::kCUDA).to(tg::kBFloat16);
-    // TODO(issue 17, channels_last): x, g .contiguous(tg::MemoryFormat::ChannelsLast) under
-    // TG_BENCH_CHANNELS_LAST (the issue's row is NHWC).
+    constexpr auto cl = tg::MemoryFormat::ChannelsLast;  // the issue's row is NHWC
+    const tg::Tensor x =
+        tg::randn({128, 64, 56, 56}, tg::kCUDA).to(tg::kBFloat16).contiguous(cl).requires_grad_();
+    const tg::Tensor w =
+        (tg::randn({64, 64, 3, 3}, tg::kCUDA) * 0.04).to(tg::kBFloat16).contiguous(cl).requires_grad_();
+    const tg::Tensor g = tg::randn({128, 64, 56, 56}, tg::kCUDA).to(tg::kBFloat16).contiguous(cl);
     const double ms = cuda_ms(o, 10, [&] {
       tg::Tensor out = F::conv2d(x, w, tg::Tensor(), {.padding = 1});
       tg::autograd::grad({out}, {x, w}, {g});
