@@ -532,6 +532,8 @@ def torch_cpu_timings(warmup, reps, only):
             return (time.perf_counter() - t0) * 1e3 / 10
 
         out["cpu_conv2d_3x3_32_32x32_b16_fp32_fwd"] = (median_of(ten, warmup, reps), "ms")
+    return out
+
 
 def nanogpt_model(torch, n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304):
     """nanoGPT's GPT (model.py), without dropout: flash SDPA, tanh GELU, lm_head tied to wte."""

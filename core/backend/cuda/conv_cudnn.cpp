@@ -52,7 +52,8 @@ std::shared_ptr<fe::graph::Graph> new_graph(DType dt) {
   g->set_io_data_type(cudnn::data_type(dt)).set_intermediate_data_type(compute).set_compute_data_type(compute);
   // float32 without TF32: only engines that compute in full float32 (as PyTorch with allow_tf32 off).
   if (dt == DType::Float32 && !tg::backends::cudnn::allow_tf32())
-    g->deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE});
+    g->deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
+                               fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION});
   return g;
 }
 
