@@ -264,7 +264,7 @@ void Optimizer::load_state_dict(const StateDict& sd) {
     } else {
       TG_CHECK(t.sizes() == p.sizes(), op, ": '", key, "' has shape ", t.sizes(), " but parameter ", index,
                " has shape ", p.sizes());
-      value = in_layout_of(t.to(p.device(), p.dtype()), p).clone();
+      value = detail::in_layout_of(t.to(p.device(), p.dtype()), p).clone();
     }
     fresh[p.impl_ptr().get()][field] = value.detach();
   }
