@@ -27,3 +27,5 @@
 
 // ---- issue 17: convolution
 #include <tapegrad/nn/conv.h>
+// ---- issue 17: interpolate, Upsample
+#include <tapegrad/nn/upsample.h>

@@ -64,4 +64,8 @@ void batch_norm_backward_elemt(const Tensor& dx, const Tensor& dy, const Tensor&
                                const Tensor& mean, const Tensor& invstd, const Tensor& scale, const Tensor& mean_dy,
                                const Tensor& mean_dy_xhat);
 
+// ---- issue 17: interpolate (upsample.cu)
+void upsample2d(const backend::Upsample2dArgs& a, const Tensor& out, const Tensor& x);
+void upsample2d_backward(const backend::Upsample2dArgs& a, const Tensor& grad_in, const Tensor& grad_out);
+
 }  // namespace tg::cuda::kern
