@@ -284,4 +284,26 @@ std::vector<Tensor> conv_backward(const char* op, int spatial, const Tensor& gra
                                   const Tensor& weight, const ConvParams& p, bool need_x, bool need_weight,
                                   bool need_bias);
 
+// ---- issue 17: conv_transpose, interpolate (core/native/conv.cpp, core/native/interpolate.cpp)
+// PyTorch's conv_transpose1d / 2d (spatial as conv): x [N, C_in, ...] or unbatched, weight
+// [C_in, C_out / groups, K...], bias [C_out] or undefined; output_padding in p's 2-d terms.
+// No backend entry of its own: the forward is the backend's conv2d input gradient (grad_out = x),
+// the input gradient is conv2d, the weight gradient conv2d's with the roles of x and grad swapped.
+struct ConvTransposeParams {
+  ConvParams conv;  // same is unused
+  std::array<int64_t, 2> output_padding{0, 0};
+};
+Tensor conv_transpose(const char* op, int spatial, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                      const ConvTransposeParams& p);
+// {grad_x, grad_weight, grad_bias} (each only when asked, else undefined) in the operands' shapes.
+std::vector<Tensor> conv_transpose_backward(const char* op, int spatial, const Tensor& grad, const Tensor& x,
+                                            const Tensor& weight, const ConvTransposeParams& p, bool need_x,
+                                            bool need_weight, bool need_bias);
+// interpolate's resolved problem: x [N, C, H, W] or [N, C, W] (then H = OH = 1), any strides.
+// a: mode, OH, OW, align_corners and the scales as the caller resolved them (0: none).
+// Returns out [N, C, (OH,) OW] of x's dtype; fills a's planes, H, W.
+Tensor upsample2d(const char* op, const Tensor& x, backend::Upsample2dArgs& a);
+// The gradient (in_shape, grad's dtype) of upsample2d's input from grad (out's shape).
+Tensor upsample2d_backward(const backend::Upsample2dArgs& a, const Tensor& grad, const Shape& in_shape);
+
 }  // namespace tg::native

@@ -165,7 +165,9 @@ class Tensor {
   // ---- views
   Tensor view(Shape shape) const;
   Tensor reshape(Shape shape) const;
-  Tensor flatten() const { return reshape({-1}); }
+  // Dims start_dim..end_dim (negative: from the end) merged into one, as torch.flatten (a reshape;
+  // a 0-d tensor gives [1]).
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
   Tensor transpose(int64_t a, int64_t b) const;
   Tensor t() const;
   Tensor permute(Shape dims) const;

@@ -30,3 +30,6 @@
 
 // ---- issue 18: scaled_dot_product_attention, MultiheadAttention
 #include <tapegrad/nn/attention.h>
+
+// ---- issue 17: interpolate, Upsample
+#include <tapegrad/nn/upsample.h>

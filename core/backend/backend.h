@@ -362,6 +362,14 @@ class Backend {
   // Whether conv2d takes channels-last operands (NHWC strides) as they are; else the front-end
   // passes row-major ones and converts the result back.
   virtual bool conv_takes_channels_last() const { return false; }
+
+  // ---- issue 17: interpolate (core/native/interpolate.cpp; the defaults throw)
+  // out [planes, OH, OW] from x [planes, H, W] (struct Upsample2dArgs, core/backend/upsample_index.h),
+  // both contiguous of one floating dtype; linear interpolation accumulates in float (double for float64).
+  virtual void upsample2d(const struct Upsample2dArgs& a, const Tensor& out, const Tensor& x);
+  // grad_in [planes, H, W] (every element written) from grad_out [planes, OH, OW], both contiguous of
+  // one dtype: each input element gathers, in a fixed order, from the outputs that read it. No atomics.
+  virtual void upsample2d_backward(const struct Upsample2dArgs& a, const Tensor& grad_in, const Tensor& grad_out);
 };
 inline constexpr int kMaxAddN = 32;
 inline constexpr int kMaxGatherRows = 8;
@@ -437,6 +445,22 @@ struct ConvArgs {
 struct ConvBackwardArgs {
   ConvArgs conv;  // x, weight as in the forward; out and bias unused
   Tensor grad_out, grad_x, grad_weight;
+};
+
+// ---- issue 17: conv_transpose, interpolate
+// conv_transpose uses conv2d / conv2d_backward as they are (core/native/conv.cpp): a backend must
+// read ConvBackwardArgs::conv.x only for grad_weight (its sizes give the geometry; conv_transpose's
+// forward passes the output being written there), and must take OH, OW from grad_out / out as given
+// (conv_transpose's output_padding can make the input one larger than OH, OW would imply).
+// interpolate over `planes` planes of H x W into OH x OW (PyTorch's upsample_nearest / upsample_bilinear
+// index formulas, CPU flavour: equal sizes copy, nearest at exactly twice the size halves the index).
+// scale_h / scale_w: the scale_factor the user gave for that dim, 0 when none (PyTorch's `scales`).
+enum class UpsampleMode : uint8_t { Nearest, Linear };
+struct Upsample2dArgs {
+  UpsampleMode mode = UpsampleMode::Nearest;
+  int64_t planes = 0, H = 0, W = 0, OH = 0, OW = 0;
+  bool align_corners = false;
+  double scale_h = 0, scale_w = 0;
 };
 
 Backend& get(DeviceType type);

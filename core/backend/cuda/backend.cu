@@ -238,6 +238,17 @@ class CudaBackend final : public Backend {
     cuda::detail::DeviceGuard guard(device_of(x));
     cuda::kern::batch_norm_backward_elemt(dx, dy, x, n, c, s, mean, invstd, scale, mean_dy, mean_dy_xhat);
   }
+  // ---- issue 17: interpolate
+  void upsample2d(const backend::Upsample2dArgs& a, const Tensor& out, const Tensor& x) override {
+    if (out.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(x));
+    cuda::kern::upsample2d(a, out, x);
+  }
+  void upsample2d_backward(const backend::Upsample2dArgs& a, const Tensor& grad_in, const Tensor& grad_out) override {
+    if (grad_in.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(grad_in));
+    cuda::kern::upsample2d_backward(a, grad_in, grad_out);
+  }
 };
 
 }  // namespace
