@@ -45,15 +45,13 @@ std::string base_key(const char* op, const backend::ConvArgs& a, bool tf32) {
 }
 
 bool use_tf32(DType dt) { return dt == DType::Float32 && tg::backends::cudnn::allow_tf32(); }
+// float32 without TF32: only engines that compute in full float32 (as PyTorch with allow_tf32 off).
+cudnn::GraphOptions graph_options(DType dt) { return {.exact_float32 = dt == DType::Float32 && !use_tf32(dt)}; }
 
 std::shared_ptr<fe::graph::Graph> new_graph(DType dt) {
   auto g = std::make_shared<fe::graph::Graph>();
   const fe::DataType_t compute = dt == DType::Float64 ? fe::DataType_t::DOUBLE : fe::DataType_t::FLOAT;
   g->set_io_data_type(cudnn::data_type(dt)).set_intermediate_data_type(compute).set_compute_data_type(compute);
-  // float32 without TF32: only engines that compute in full float32 (as PyTorch with allow_tf32 off).
-  if (dt == DType::Float32 && !tg::backends::cudnn::allow_tf32())
-    g->deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
-                               fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION});
   return g;
 }
 
@@ -98,7 +96,7 @@ void conv2d(const backend::ConvArgs& a) {
     Y->set_output(true).set_uid(kY).set_dim(vec(a.out.sizes())).set_stride(vec(a.out.strides())).set_data_type(
         cudnn::data_type(dt));
     return g;
-  });
+  }, graph_options(dt));
   std::unordered_map<int64_t, void*> pack{{kX, a.x.data_ptr()}, {kW, a.weight.data_ptr()}, {kY, a.out.data_ptr()}};
   if (bias) pack[kB] = a.bias.data_ptr();
   cudnn::execute("conv2d", dev, *built, pack);
@@ -123,7 +121,7 @@ void conv2d_backward(const backend::ConvBackwardArgs& b) {
       DX->set_output(true).set_uid(kDX).set_dim(vec(b.grad_x.sizes())).set_stride(vec(b.grad_x.strides()))
           .set_data_type(cudnn::data_type(dt));
       return g;
-    });
+    }, graph_options(dt));
     std::unordered_map<int64_t, void*> pack{
         {kDY, b.grad_out.data_ptr()}, {kW, a.weight.data_ptr()}, {kDX, b.grad_x.data_ptr()}};
     cudnn::execute("conv2d backward (input)", dev, *built, pack);
@@ -141,7 +139,7 @@ void conv2d_backward(const backend::ConvBackwardArgs& b) {
       DW->set_output(true).set_uid(kDW).set_dim(vec(b.grad_weight.sizes())).set_stride(vec(b.grad_weight.strides()))
           .set_data_type(cudnn::data_type(dt));
       return g;
-    });
+    }, graph_options(dt));
     std::unordered_map<int64_t, void*> pack{
         {kDY, b.grad_out.data_ptr()}, {kX, a.x.data_ptr()}, {kDW, b.grad_weight.data_ptr()}};
     cudnn::execute("conv2d backward (weight)", dev, *built, pack);

@@ -106,7 +106,8 @@ fe::graph::Tensor_attributes tensor_attrs(const char* name, int64_t uid, const s
 }
 
 std::shared_ptr<BuiltGraph> get_graph(int device, const std::string& key,
-                                      const std::function<std::shared_ptr<fe::graph::Graph>()>& declare) {
+                                      const std::function<std::shared_ptr<fe::graph::Graph>()>& declare,
+                                      const GraphOptions& options) {
   const bool tune = tg::backends::cudnn::benchmark();
   const std::string full = std::to_string(device) + (tune ? "|T|" : "|H|") + key;
   Cache& c = cache();
@@ -126,8 +127,12 @@ std::shared_ptr<BuiltGraph> get_graph(int device, const std::string& key,
     return false;
   };
   bool ok = step(g.validate(), "validate") && step(g.build_operation_graph(h), "build_operation_graph") &&
-            step(g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "create_execution_plans") &&
-            step(g.check_support(h), "check_support") &&
+            step(g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "create_execution_plans");
+  // The engine filters act on the candidate plans, so they come after create_execution_plans.
+  if (ok && options.exact_float32)
+    g.deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
+                              fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION});
+  ok = ok && step(g.check_support(h), "check_support") &&
             step(g.build_plans(tune ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE),
                  "build_plans");
   if (ok) {

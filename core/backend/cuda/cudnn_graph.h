@@ -42,8 +42,15 @@ struct BuiltGraph {
 // and operations; this validates it, builds the operation graph, asks the heuristics (mode A,
 // then the fallback list), checks support and builds the plans (every candidate when benchmark
 // mode is on, so the first execution can time them). Failures are cached too.
+// exact_float32: keep only engines that compute float32 in float32 (no TF32 tensor cores, no
+// down-converted inputs or reduced-precision reductions), for float32 with TF32 off. The key must
+// say it too.
+struct GraphOptions {
+  bool exact_float32 = false;
+};
 std::shared_ptr<BuiltGraph> get_graph(int device, const std::string& key,
-                                      const std::function<std::shared_ptr<fe::graph::Graph>()>& declare);
+                                      const std::function<std::shared_ptr<fe::graph::Graph>()>& declare,
+                                      const GraphOptions& options = {});
 
 // Runs a supported graph on the device's current stream with a workspace from the caching
 // allocator. In benchmark mode the first execution outside stream capture autotunes the plan
