@@ -89,7 +89,7 @@ std::pair<tg::Tensor, tg::Tensor> load_batch(const Options& o, tg::Device dev) {
 
 int parity(const Options& o, resnet::ResNet18& model, tg::Device dev) {
   tg::set_allow_tf32(false);
-  // TODO(issue 17, cuDNN): also switch cuDNN's TF32 off here once the cuDNN conv path has its switch.
+  tg::backends::cudnn::set_allow_tf32(false);  // convolutions in full float32 too, as the parity check's torch
   auto [x, y] = load_batch(o, dev);
   tg::optim::SGD opt(model.parameters(), {.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay});
   tg::nn::StateDict out;

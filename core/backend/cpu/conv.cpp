@@ -114,6 +114,15 @@ std::vector<A> widened(const T* p, int64_t n) {
   return v;
 }
 
+// A per-thread scratch buffer of at least n elements, kept between calls: im2col's columns are
+// megabytes per sample, and a fresh vector each time costs a zero fill and page faults.
+template <typename A>
+A* scratch(size_t n) {
+  thread_local std::vector<A> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
 // Samples in parallel only when the batch fills the pool; else gemm splits each product.
 template <typename F>
 void over_batch(int64_t n, F&& f) {
@@ -143,8 +152,8 @@ void conv2d_typed(const backend::ConvArgs& a, const Geom& g) {
   }
   const int64_t L = g.l(), K = g.k(), KG = g.kg(), COG = g.cog();
   over_batch(g.n, [&](int64_t s) {
-    std::vector<A> cols(static_cast<size_t>(K * L));
-    im2col(g, x + s * g.c * g.h * g.w, cols.data());
+    A* cols = scratch<A>(static_cast<size_t>(K * L));
+    im2col(g, x + s * g.c * g.h * g.w, cols);
     std::vector<A> obuf;
     A* o = nullptr;
     if constexpr (std::is_same_v<T, A>) {
@@ -153,7 +162,7 @@ void conv2d_typed(const backend::ConvArgs& a, const Geom& g) {
       obuf.resize(static_cast<size_t>(g.co * L));
       o = obuf.data();
     }
-    gemm_groups<A>(g.groups, COG, L, KG, w, false, KG, COG * KG, cols.data(), false, L, KG * L, o, COG * L);
+    gemm_groups<A>(g.groups, COG, L, KG, w, false, KG, COG * KG, cols, false, L, KG * L, o, COG * L);
     T* os = out + s * g.co * L;
     for (int64_t c = 0; c < g.co; ++c) {
       const A bc = bias ? static_cast<A>(bias[c]) : A(0);
