@@ -173,6 +173,7 @@ std::optional<Tensor> sdpa_fused(const Tensor& query, const Tensor& key, const T
          v = nd == 3 ? value.unsqueeze(0) : value;
   const int64_t B = q.size(0), Hq = q.size(1), Hk = k.size(1), Tq = q.size(2), Tk = k.size(2);
   if (k.size(0) != B || v.size(0) != B || v.size(1) != Hk) return std::nullopt;
+  if (q.numel() == 0 || k.numel() == 0 || v.numel() == 0) return std::nullopt;
   if (Hq != Hk && !(o.enable_gqa && Hq % Hk == 0)) return std::nullopt;
   AutocastOff no_autocast;
   Tensor bias, dead;

@@ -303,6 +303,20 @@ TEST(SdpaAutocast, CpuBFloat16) {
   expect_near_vec(host(got), host(want), 3e-2, 3e-2, "autocast bf16");
 }
 
+// Traced as its parts (the math path's public ops): the exported program computes the same.
+TEST(SdpaExport, TracedAsItsParts) {
+  struct Attn : nn::Module {
+    Tensor forward(const Tensor& x) override {
+      return F::scaled_dot_product_attention(x, x * 2, x + 1, {.is_causal = true});
+    }
+  };
+  Attn m;
+  tg::manual_seed(9);
+  auto ep = tg::export_module(m, {tg::randn({1, 2, 4, 8})});
+  Tensor y = tg::randn({1, 2, 4, 8});
+  expect_near_vec(host(ep.run({y})[0]), host(m(y)), 1e-6, 1e-6, "exported program");
+}
+
 void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
   try {
     f();
@@ -336,6 +350,127 @@ TEST(SdpaErrors, BadInputsNameTheOpAndShapes) {
   expect_error([&] { sdpa(q, k, v, {.dropout_p = 1.5}); }, {op, "dropout_p"});
   if (tg::cuda::is_available())
     expect_error([&] { sdpa(q, k.cuda(), v); }, {op, "device"});
+}
+
+// ---- the fused cuDNN path (CUDA, float16 / bfloat16) against the float32 math path on the same
+// values. Tolerances: max |error| over max |reference|: output 4e-3 (float16) / 2e-2 (bfloat16),
+// gradients 1e-2 / 5e-2 (flash attention's tiled float32 softmax against the exact one).
+struct FusedCase {
+  int64_t B, Hq, Hk, Tq, Tk, D;
+  bool causal;
+  int mask;         // 0 none, 1 bool [Tq, Tk] (with one fully masked row), 2 float32 [B, 1, Tq, Tk]
+  bool bshd = false;  // q, k, v as transposed views of [B, T, H, D]
+};
+
+double rel_err(const Tensor& got, const Tensor& want) {
+  std::vector<double> a = host(got), b = host(want);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::abs(a[i] - b[i]));
+    den = std::max(den, std::abs(b[i]));
+  }
+  return den > 0 ? num / den : num;
+}
+
+void check_fused(DType dt, const FusedCase& c) {
+  const double tol_out = dt == kFloat16 ? 4e-3 : 2e-2, tol_grad = dt == kFloat16 ? 1e-2 : 5e-2;
+  tg::manual_seed(40);
+  auto make = [&](int64_t H, int64_t T) {
+    Tensor t = c.bshd ? tg::randn({c.B, T, H, c.D}, kCUDA).to(dt).transpose(1, 2) : tg::randn({c.B, H, T, c.D}, kCUDA).to(dt);
+    return t.detach().requires_grad_(true);
+  };
+  Tensor q = make(c.Hq, c.Tq), k = make(c.Hk, c.Tk), v = make(c.Hk, c.Tk);
+  Tensor g = tg::randn({c.B, c.Hq, c.Tq, c.D}, kCUDA).to(dt);
+  Tensor mask;
+  if (c.mask == 1) {
+    mask = tg::rand({c.Tq, c.Tk}, kCUDA).gt(0.3);
+    NoGradGuard ng;
+    mask.select(0, 1).fill_(false);
+  } else if (c.mask == 2) {
+    mask = tg::randn({c.B, 1, c.Tq, c.Tk}, kCUDA);
+  }
+  const nn::ScaledDotProductAttentionOptions o{.attn_mask = mask, .is_causal = c.causal, .enable_gqa = c.Hq != c.Hk};
+  Tensor out = F::scaled_dot_product_attention(q, k, v, o);
+  ASSERT_EQ(out.dtype(), dt);
+  if (tg::backends::cudnn::is_available())  // the fused node ran (the math path ends with a cast)
+    EXPECT_STREQ(out.grad_fn()->name(), c.mask ? "masked_fill" : "scaled_dot_product_attention");
+  out.backward(g);
+  Tensor q32 = q.detach().to(kFloat32).requires_grad_(true), k32 = k.detach().to(kFloat32).requires_grad_(true),
+         v32 = v.detach().to(kFloat32).requires_grad_(true);
+  Tensor ref = F::scaled_dot_product_attention(q32, k32, v32, o);
+  ref.backward(g.to(kFloat32));
+  EXPECT_LE(rel_err(out, ref), tol_out) << "output";
+  EXPECT_LE(rel_err(q.grad(), q32.grad()), tol_grad) << "dq";
+  EXPECT_LE(rel_err(k.grad(), k32.grad()), tol_grad) << "dk";
+  EXPECT_LE(rel_err(v.grad(), v32.grad()), tol_grad) << "dv";
+  if (c.mask == 1) {  // the fully masked row: zeros and no gradient, as the math path
+    for (double x : host(out.select(2, 1))) EXPECT_EQ(x, 0.0);
+    for (double x : host(q.grad().select(2, 1))) EXPECT_EQ(x, 0.0);
+  }
+}
+
+class SdpaFused : public ::testing::TestWithParam<DType> {};
+INSTANTIATE_TEST_SUITE_P(Dtypes, SdpaFused, ::testing::Values(kFloat16, kBFloat16),
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(i.param == kFloat16 ? "fp16" : "bf16"); });
+
+TEST_P(SdpaFused, MatchesFloat32Math) {
+  if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const FusedCase cases[] = {
+      {2, 4, 4, 128, 128, 64, true, 0},         // causal
+      {2, 4, 4, 96, 160, 64, true, 0},          // causal, Tq != Tk (top-left)
+      {2, 4, 4, 160, 96, 64, true, 0},          // causal, Tq > Tk
+      {1, 8, 2, 128, 128, 128, true, 0},        // GQA, D = 128
+      {2, 4, 4, 64, 64, 64, false, 0, true},    // [B, T, H, D] views
+      {2, 4, 4, 64, 80, 64, false, 1},          // bool mask with a fully masked row
+      {2, 4, 4, 64, 80, 64, false, 2},          // float mask
+  };
+  for (const FusedCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "B" << c.B << " Hq" << c.Hq << " Hk" << c.Hk << " Tq" << c.Tq << " Tk" << c.Tk
+                                      << " D" << c.D << (c.causal ? " causal" : "") << " mask" << c.mask);
+    check_fused(GetParam(), c);
+  }
+}
+
+TEST_P(SdpaFused, ThreeDimInputs) {
+  if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const DType dt = GetParam();
+  tg::manual_seed(41);
+  Tensor q = tg::randn({4, 64, 64}, kCUDA).to(dt), k = tg::randn({4, 64, 64}, kCUDA).to(dt),
+         v = tg::randn({4, 64, 64}, kCUDA).to(dt);
+  Tensor out = F::scaled_dot_product_attention(q, k, v, {.is_causal = true});
+  ASSERT_EQ(out.sizes(), Shape({4, 64, 64}));
+  Tensor ref = F::scaled_dot_product_attention(q.to(kFloat32), k.to(kFloat32), v.to(kFloat32), {.is_causal = true});
+  EXPECT_LE(rel_err(out, ref), dt == kFloat16 ? 4e-3 : 2e-2);
+}
+
+TEST_P(SdpaFused, DropoutMaskStatisticsAndBackward) {
+  if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const DType dt = GetParam();
+  // q = 0: uniform probabilities 1 / Tk; v = identity, so out is the dropped probabilities.
+  const int64_t B = 2, H = 4, T = 128, Tk = 64;
+  const double p = 0.2;
+  Tensor q = tg::zeros({B, H, T, 64}, TensorOptions().dtype(dt).device(kCUDA));
+  Tensor k = tg::randn({B, H, Tk, 64}, kCUDA).to(dt);
+  Tensor eye = tg::arange(Tk).unsqueeze(1).eq(tg::arange(Tk).unsqueeze(0)).to(dt).to(kCUDA);
+  Tensor v = eye.expand({B, H, Tk, Tk}).contiguous().requires_grad_(true);
+  tg::manual_seed(5);
+  Tensor out = F::scaled_dot_product_attention(q, k, v, {.dropout_p = p});
+  std::vector<double> o = host(out);
+  const double kept = 1.0 / (Tk * (1 - p));
+  int64_t zeros = 0;
+  for (double x : o) {
+    if (x == 0) ++zeros;
+    else ASSERT_NEAR(x, kept, 1e-2 * kept);
+  }
+  const double n = static_cast<double>(o.size());
+  EXPECT_NEAR(zeros / n, p, 5 * std::sqrt(p * (1 - p) / n));
+  tg::manual_seed(5);
+  EXPECT_EQ(host(F::scaled_dot_product_attention(q, k, v, {.dropout_p = p})), o) << "same seed, same mask";
+  // The backward sees the same mask: dv = out^T g.
+  Tensor g = tg::randn({B, H, T, Tk}, kCUDA).to(dt);
+  out.backward(g);
+  Tensor want = tg::matmul(out.detach().to(kFloat32).transpose(-2, -1), g.to(kFloat32));
+  EXPECT_LE(rel_err(v.grad(), want), dt == kFloat16 ? 1e-2 : 4e-2);
 }
 
 // ---- MultiheadAttention
