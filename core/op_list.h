@@ -133,7 +133,7 @@ enum class AutocastCategory : uint8_t { None, Lower, Fp32, Promote };
   _(ConvTranspose2d, "conv_transpose2d", Lower) \
   _(Interpolate, "interpolate", None) /* x; size, mode (0 nearest, 1 linear), align_corners, scale_h, scale_w (0: none) */ \
   _(BatchNorm, "batch_norm", None)    /* training mode (batch statistics); x[, weight[, bias]]; eps. Input dtype out, float32 statistics */ \
-  _(GroupNorm, "group_norm", Fp32)    /* x[, weight[, bias]]; num_groups, eps */
+  _(GroupNorm, "group_norm", None)    /* x[, weight[, bias]]; num_groups, eps. As batch_norm (PyTorch's CPU autocast) */
 
 enum class OpKind : uint16_t {
 #define TG_OP_ENUM(name, str, cat) name,

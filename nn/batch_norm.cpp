@@ -8,7 +8,6 @@
 #include <tapegrad/autograd/autograd.h>
 #include <tapegrad/autograd/function.h>
 #include <tapegrad/core/native.h>
-#include <tapegrad/core/autocast_hook.h>
 #include <tapegrad/core/ops.h>
 #include <tapegrad/core/trace.h>
 #include <tapegrad/nn/init.h>
@@ -147,7 +146,6 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 }
 
 Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps) {
-  TG_AUTOCAST(GroupNorm, group_norm(x, groups, weight, bias, eps), x, weight, bias);
   const char* op = "group_norm";
   check_input(op, x, eps);
   const int64_t n = x.sizes()[0], c = x.sizes()[1];

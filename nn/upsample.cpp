@@ -84,6 +84,9 @@ Tensor interpolate(const Tensor& x, const InterpolateFuncOptions& o) {
 }  // namespace functional
 
 Upsample::Upsample(UpsampleOptions o) : options(std::move(o)) {}
+Upsample::Upsample(InterpolateSize size, InterpolateScale scale_factor, std::string mode,
+                   std::optional<bool> align_corners, std::optional<bool> recompute_scale_factor)
+    : options{std::move(size), std::move(scale_factor), std::move(mode), align_corners, recompute_scale_factor} {}
 Tensor Upsample::forward(const Tensor& x) { return functional::interpolate(x, options); }
 
 }  // namespace tg::nn

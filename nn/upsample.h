@@ -51,6 +51,9 @@ Tensor interpolate(const Tensor& x, const InterpolateFuncOptions& options);
 class Upsample : public Module {
  public:
   explicit Upsample(UpsampleOptions options);
+  // PyTorch's positional form: Upsample(size, scale_factor, mode, align_corners, recompute_scale_factor).
+  explicit Upsample(InterpolateSize size, InterpolateScale scale_factor = {}, std::string mode = "nearest",
+                    std::optional<bool> align_corners = {}, std::optional<bool> recompute_scale_factor = {});
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "Upsample"; }
 

@@ -344,5 +344,37 @@ TEST(ConvTranspose2d, ExportRunMatches) {
   expect_near_vec(host(out[0]), host(m(x)), 0, 0, "export");
 }
 
+TEST(ConvTranspose2d, CudaMatchesCpu) {
+  // Runs once conv2d has a CUDA path (cuDNN): conv_transpose has no kernels of its own.
+  if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  try {
+    F::conv2d(tg::randn({1, 1, 3, 3}, kCUDA), tg::randn({1, 1, 1, 1}, kCUDA));
+  } catch (const tg::Error& e) {
+    if (std::string(e.what()).find("not built yet") != std::string::npos) GTEST_SKIP() << "conv2d has no CUDA path yet";
+    throw;
+  }
+  for (const Case& k : cases()) {
+    SCOPED_TRACE(::testing::Message() << "s" << k.sh << "," << k.sw << " op" << k.oph << "," << k.opw << " d" << k.dh
+                                      << "," << k.dw << " g" << k.groups);
+    tg::manual_seed(27);
+    auto x = tg::randn({k.n, k.c, k.h, k.w});
+    auto w = tg::randn({k.c, k.co / k.groups, k.kh, k.kw});
+    auto b = tg::randn({k.co});
+    auto xc = x.detach().requires_grad_(), wc = w.detach().requires_grad_(), bc = b.detach().requires_grad_();
+    auto xg = x.to(kCUDA).requires_grad_(), wg = w.to(kCUDA).requires_grad_(), bg = b.to(kCUDA).requires_grad_();
+    auto yc = F::conv_transpose2d(xc, wc, bc, opts2(k));
+    auto yg = F::conv_transpose2d(xg, wg, bg, opts2(k));
+    ASSERT_EQ(yc.sizes(), yg.sizes());
+    // float32 sums in another order (cuDNN's algorithms; TF32 off): a few ulps of sums of ~30 terms
+    expect_near_vec(host(yg), host(yc), 1e-4, 1e-4, "y");
+    auto g = tg::randn(yc.sizes());
+    yc.backward(g);
+    yg.backward(g.to(kCUDA));
+    expect_near_vec(host(xg.grad()), host(xc.grad()), 1e-4, 1e-4, "grad x");
+    expect_near_vec(host(wg.grad()), host(wc.grad()), 1e-4, 1e-4, "grad weight");
+    expect_near_vec(host(bg.grad()), host(bc.grad()), 1e-4, 1e-4, "grad bias");
+  }
+}
+
 }  // namespace
 }  // namespace tg::testing

@@ -295,6 +295,11 @@ TEST(Interp, UpsampleModuleAndExport) {
   auto y = up(x);
   EXPECT_EQ(y.sizes(), (Shape{2, 3, 8, 10}));
   expect_near_vec(host(y), host(F::interpolate(x, {.scale_factor = 2, .mode = "bilinear"})), 0, 0, "module");
+  // PyTorch's positional form
+  nn::Upsample up2({}, 2.0, "bilinear");
+  expect_near_vec(host(up2(x)), host(y), 0, 0, "positional");
+  nn::Upsample up3(nn::InterpolateSize{6, 7});
+  EXPECT_EQ(up3(x).sizes(), (Shape{2, 3, 6, 7}));
   auto ep = tg::export_module(up, {x});
   EXPECT_NE(ep.graph().find("interpolate("), std::string::npos) << ep.graph();
   expect_near_vec(host(ep.run({x})[0]), host(y), 0, 0, "export");
