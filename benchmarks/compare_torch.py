@@ -89,6 +89,32 @@ WORKLOADS = [
     ("clip_grad_norm_gpt2_124m_fp32_vs_dram", "  same vs 3 passes at 4.8 TB/s", "lower", None),
     ("grad_norm_gpt2_124m_fp32", "total grad norm GPT-2 124M fp32", "lower", None),
     ("grad_norm_gpt2_124m_fp32_vs_dram", "  same vs 1 read at 4.8 TB/s", "lower", ("ratio", "<=", 1.1)),
+    # ---- issue 18: SDPA causal bf16 (tg_bench_attention); FLOPs 4 B H T^2 D / 2 forward, x3.5 fwd+bwd.
+    # PyTorch 2.11 on the H200 (flash): 0.192 / 0.743 ms and 1.80 / 7.61 ms.
+    ("sdpa_causal_bf16_B32_H12_T1024_D64_fwd", "SDPA causal bf16 B32 H12 T1024 D64 fwd", "lower",
+     ("ratio", "<=", 1 / 1.1, " (1.1x faster)")),
+    ("sdpa_causal_bf16_B32_H12_T1024_D64_fwd_bwd", "SDPA causal bf16 B32 H12 T1024 D64 fwd+bwd", "lower",
+     ("ratio", "<=", 1 / 1.1, " (1.1x faster)")),
+    ("sdpa_causal_bf16_B4_H16_T8192_D128_fwd", "SDPA causal bf16 B4 H16 T8192 D128 fwd", "lower", None),
+    ("sdpa_causal_bf16_B4_H16_T8192_D128_fwd_tflops", "  same, TFLOP/s", "higher", ("abs", ">=", 650.0)),
+    ("sdpa_causal_bf16_B4_H16_T8192_D128_fwd_bwd", "SDPA causal bf16 B4 H16 T8192 D128 fwd+bwd", "lower", None),
+    ("sdpa_causal_bf16_B4_H16_T8192_D128_fwd_bwd_tflops", "  same, TFLOP/s", "higher", ("abs", ">=", 540.0)),
+
+    # ---- issue 17: convolutions (tg_bench_cnn). ResNet-18 (10 classes), batch 512 of 3x32x32, AMP fp16 +
+    # GradScaler, SGD momentum, ms/step. Baseline: PyTorch eager, channels_last, cudnn.benchmark (8.07 ms on the
+    # H200); the graph row has the same baseline. The "vs" rows compare our eager step with PyTorch's other
+    # settings from the same call (8.52 ms without cudnn.benchmark, torch.compile 14.6 ms). Speed >= 1.0x is
+    # time ratio <= 1; speed >= 0.5x is time ratio <= 2.
+    ("resnet18_amp_step", "ResNet-18 AMP fp16 train step b512 (vs eager+benchmark)", "lower",
+     ("ratio", "<=", 0.8, " (1.25x faster)")),
+    ("resnet18_amp_step_graph", "  same step as a CUDA graph (vs eager+benchmark)", "lower", ("ratio", "<=", 0.7)),
+    ("resnet18_amp_step_vs_nobench", "  our eager step vs PyTorch eager, no cudnn.benchmark", "lower", None),
+    ("resnet18_amp_step_vs_compile", "  our eager step vs PyTorch torch.compile", "lower", None),
+    ("resnet18_amp_step_vs_nchw", "  our eager step vs PyTorch eager NCHW + benchmark", "lower", None),
+    ("conv2d_3x3_64_56x56_b128_bf16_fwd_bwd", "conv2d 3x3 64->64 56x56 b128 bf16 fwd+bwd (PyTorch NHWC)", "lower",
+     ("ratio", "<=", 1.0)),
+    ("cpu_conv2d_3x3_32_32x32_b16_fp32_fwd", "CPU conv2d 3x3 32->32 32x32 b16 fp32 fwd", "lower", ("ratio", "<=", 2.0)),
+
     # ---- issue 18: GPT-2 124M train step (tg_bench_gpt2: examples/gpt2.h's model), B=32 T=1024 vocab 50304, bf16
     # autocast, AdamW (fused), clip_grad_norm_(1.0); PyTorch: the nanoGPT-style model below (flash SDPA), eager and
     # torch.compile. The first row's baseline is eager, the second's torch.compile (target 1.1x); peak memory
@@ -100,6 +126,13 @@ WORKLOADS = [
     ("gpt2_124m_train_step_b32_t1024_bf16_peak_gib", "  peak GPU memory (vs eager)", "lower", ("abs", "<=", 31.0)),
     ("gpt2_124m_first_step", "GPT-2 124M time to first step (vs torch.compile)", "lower", ("abs", "<=", 5.0)),
 ]
+# Rows whose tapegrad figure is another row's (the same program result against another PyTorch setting).
+TG_ALIASES = {
+    # ---- issue 17
+    "resnet18_amp_step_vs_nobench": "resnet18_amp_step",
+    "resnet18_amp_step_vs_compile": "resnet18_amp_step",
+    "resnet18_amp_step_vs_nchw": "resnet18_amp_step",
+}
 
 
 def median_of(fn, warmup, reps):
@@ -375,10 +408,130 @@ def torch_timings(warmup, reps, only):
 
             out["grad_norm_gpt2_124m_fp32"] = (event_ms(norm_iters) * 100, "us")
         del ps, gs
+    # ---- issue 18: SDPA causal bf16, the same calls as tg_bench_attention
+    for B, H, T, D in [(32, 12, 1024, 64), (4, 16, 8192, 128)]:
+        base = f"sdpa_causal_bf16_B{B}_H{H}_T{T}_D{D}"
+        if not wants(base):
+            continue
+        fwd_flops = 4.0 * B * H * T * T * D / 2
+        qa, ka, va, ga = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        if wants(base + "_fwd"):
+            with torch.no_grad():
+                ms = event_ms(lambda: sdpa(qa, ka, va, is_causal=True))
+            out[base + "_fwd"] = (ms, "ms")
+            out[base + "_fwd_tflops"] = (fwd_flops / (ms * 1e-3) / 1e12, "TFLOP/s")
+        if wants(base + "_fwd_bwd"):
+            qr, kr, vr = (t.detach().requires_grad_(True) for t in (qa, ka, va))
+
+            def sdpa_step():
+                qr.grad = kr.grad = vr.grad = None
+                sdpa(qr, kr, vr, is_causal=True).backward(ga)
+
+            ms = event_ms(sdpa_step)
+            out[base + "_fwd_bwd"] = (ms, "ms")
+            out[base + "_fwd_bwd_tflops"] = (3.5 * fwd_flops / (ms * 1e-3) / 1e12, "TFLOP/s")
+            del qr, kr, vr
+        del qa, ka, va, ga
+
+    # ---- issue 17: convolutions, as tg_bench_cnn (input drawn once; 10 steps / calls per timed repeat)
+    if any(wants(k) for k in ("resnet18_amp_step", "resnet18_amp_step_graph", "resnet18_amp_step_vs_nobench",
+                              "resnet18_amp_step_vs_compile", "resnet18_amp_step_vs_nchw")):
+        try:
+            import torchvision
+        except ImportError:
+            torchvision = None
+            print("compare_torch: no torchvision; the ResNet-18 rows have no PyTorch side", file=sys.stderr)
+
+        def resnet_step_ms(channels_last, benchmark, compiled):
+            torch.backends.cudnn.benchmark = benchmark
+            torch.manual_seed(0)
+            model = torchvision.models.resnet18(num_classes=10).cuda()
+            xr = torch.randn(512, 3, 32, 32, device="cuda")
+            yr = torch.randint(0, 10, (512,), device="cuda")
+            if channels_last:
+                model = model.to(memory_format=torch.channels_last)
+                xr = xr.contiguous(memory_format=torch.channels_last)
+            sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+            scaler = torch.amp.GradScaler("cuda")
+            fwd = torch.compile(model) if compiled else model
+
+            def ten_steps():
+                for _ in range(10):
+                    sgd.zero_grad()
+                    with torch.autocast("cuda", dtype=torch.float16):
+                        loss = torch.nn.functional.cross_entropy(fwd(xr), yr)
+                    scaler.scale(loss).backward()
+                    scaler.step(sgd)
+                    scaler.update()
+
+            ten_steps()  # cudnn.benchmark's search, torch.compile's compilation
+            try:
+                return event_ms(ten_steps) / 10
+            finally:
+                torch.backends.cudnn.benchmark = False
+
+        if torchvision is not None:
+            for key, cl, bench, comp in [("resnet18_amp_step", True, True, False),
+                                         ("resnet18_amp_step_vs_nobench", True, False, False),
+                                         ("resnet18_amp_step_vs_nchw", False, True, False),
+                                         ("resnet18_amp_step_vs_compile", True, True, True)]:
+                if comp and os.environ.get("TG_BENCH_NO_COMPILE") == "1":
+                    continue  # torch.compile takes a minute or more to compile the step
+                try:
+                    out[key] = (resnet_step_ms(cl, bench, comp), "ms")
+                except Exception as e:  # torch.compile may be unavailable (no triton, no compiler)
+                    print(f"compare_torch: PyTorch {key}: {e}", file=sys.stderr)
+            if "resnet18_amp_step" in out:
+                out["resnet18_amp_step_graph"] = out["resnet18_amp_step"]
+            torch.cuda.empty_cache()
+    if wants("conv2d_3x3_64_56x56_b128_bf16_fwd_bwd"):
+        torch.backends.cudnn.benchmark = True
+        torch.manual_seed(0)
+        xc = torch.randn(128, 64, 56, 56, device="cuda").to(torch.bfloat16)
+        xc = xc.contiguous(memory_format=torch.channels_last).requires_grad_(True)
+        wc = (torch.randn(64, 64, 3, 3, device="cuda") * 0.04).to(torch.bfloat16)
+        wc = wc.contiguous(memory_format=torch.channels_last).requires_grad_(True)
+        gc = torch.randn(128, 64, 56, 56, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+
+        def conv_iters():
+            for _ in range(10):
+                yc = torch.nn.functional.conv2d(xc, wc, padding=1)
+                torch.autograd.grad(yc, (xc, wc), gc)
+
+        out["conv2d_3x3_64_56x56_b128_bf16_fwd_bwd"] = (event_ms(conv_iters) / 10, "ms")
+        torch.backends.cudnn.benchmark = False
+        del xc, wc, gc
+
     # ---- issue 18: GPT-2 124M train step, nanoGPT-style (as tg_bench_gpt2: wall clock around a synchronised step)
     if wants("gpt2_124m"):
         out.update(gpt2_timings(torch, warmup, reps))
     torch.cuda.empty_cache()
+    return out
+
+
+def torch_cpu_timings(warmup, reps, only):
+    """PyTorch's CPU rows (no GPU needed); {workload: (value, unit)}."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    out = {}
+    wants = lambda w: not only or only in w
+    # ---- issue 17: CPU conv2d forward, as tg_bench_cnn (10 calls per timed repeat, host clock)
+    if wants("cpu_conv2d_3x3_32_32x32_b16_fp32_fwd"):
+        torch.manual_seed(0)
+        x = torch.randn(16, 32, 32, 32)
+        w = torch.randn(32, 32, 3, 3) * 0.06
+
+        def ten():
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                for _ in range(10):
+                    torch.nn.functional.conv2d(x, w, padding=1)
+            return (time.perf_counter() - t0) * 1e3 / 10
+
+        out["cpu_conv2d_3x3_32_32x32_b16_fp32_fwd"] = (median_of(ten, warmup, reps), "ms")
     return out
 
 
@@ -484,6 +637,10 @@ def run_tg_programs(bench_dir, reps, only):
                  "tg_bench_softmax", "tg_bench_models", "tg_bench_norm",
                  # ---- issue 16: gradient clipping
                  "tg_bench_clip",
+                 # ---- issue 18: attention
+                 "tg_bench_attention",
+                 # ---- issue 17: convolutions
+                 "tg_bench_cnn",
                  # ---- issue 18: GPT-2 train step
                  "tg_bench_gpt2"):
         path = os.path.join(bench_dir, prog)
@@ -576,7 +733,12 @@ def main():
         with open(path) as f:
             records += parse_lines(f)
     tg = {r["workload"]: r for r in records}
+    for alias, src in TG_ALIASES.items():
+        if src in tg and alias not in tg:
+            tg[alias] = tg[src]
     base = {} if a.no_torch else torch_timings(a.warmup, a.reps, a.only)
+    if not a.no_torch:
+        base.update(torch_cpu_timings(a.warmup, a.reps, a.only))
 
     if a.json_out:
         with open(a.json_out, "w") as f:

@@ -90,3 +90,16 @@ void reset_peak_memory_stats(int device = -1);
 void empty_cache();
 
 }  // namespace tg::cuda
+
+// cuDNN, which runs convolution and fused attention on CUDA (as torch.backends.cudnn).
+namespace tg::backends::cudnn {
+bool is_available();  // built with cuDNN (and cudnn-frontend) and a GPU is present
+int version();        // cuDNN's run-time version, e.g. 91900; 0 when not built with it
+// Autotune: time every engine for each new problem (shape, dtype, layout) on its first run and
+// keep the fastest, as torch.backends.cudnn.benchmark. Default false (heuristics' first choice).
+void set_benchmark(bool on);
+bool benchmark();
+// TF32 tensor cores for float32 convolutions; default true, as torch.backends.cudnn.allow_tf32.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+}  // namespace tg::backends::cudnn

@@ -198,6 +198,17 @@ Tensor embedding(const Tensor& index, const Tensor& weight);
 Tensor embedding_backward(const Tensor& grad, const Tensor& index, int64_t num, int64_t padding_idx);
 // x * mask / (1 - p), mask from Philox counters [offset, offset + numel) of `seed` (backend dropout).
 Tensor dropout_mask_apply(const Tensor& x, double p, uint64_t seed, uint64_t offset);
+// ---- issue 18: fused attention (core/native/attention.cpp). q, k, v, bias as backend::SdpaArgs,
+// validated by the front-end (nn/attention.cpp). nullopt when the device has no fused kernel for
+// these shapes (nothing is computed; the caller takes the math path). with_grad: keep the softmax
+// statistics and require the backward to be supported too. The backward returns {dq, dk, dv}.
+struct SdpaFused {
+  backend::SdpaArgs args;
+  Tensor out, stats;
+};
+std::optional<SdpaFused> sdpa_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                                            double scale, bool causal, double dropout_p, bool with_grad);
+std::vector<Tensor> sdpa_fused_backward(const SdpaFused& f, const Tensor& grad_out);
 // ---- issue 15: general ops (core/native/general.cpp): validated here, errors naming the op
 Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);
 // The keep-mask of tril (upper = false) or triu for a's last two dims: bool [rows, cols].
@@ -272,5 +283,27 @@ Tensor conv(const char* op, int spatial, const Tensor& x, const Tensor& weight, 
 std::vector<Tensor> conv_backward(const char* op, int spatial, const Tensor& grad, const Tensor& x,
                                   const Tensor& weight, const ConvParams& p, bool need_x, bool need_weight,
                                   bool need_bias);
+
+// ---- issue 17: conv_transpose, interpolate (core/native/conv.cpp, core/native/interpolate.cpp)
+// PyTorch's conv_transpose1d / 2d (spatial as conv): x [N, C_in, ...] or unbatched, weight
+// [C_in, C_out / groups, K...], bias [C_out] or undefined; output_padding in p's 2-d terms.
+// No backend entry of its own: the forward is the backend's conv2d input gradient (grad_out = x),
+// the input gradient is conv2d, the weight gradient conv2d's with the roles of x and grad swapped.
+struct ConvTransposeParams {
+  ConvParams conv;  // same is unused
+  std::array<int64_t, 2> output_padding{0, 0};
+};
+Tensor conv_transpose(const char* op, int spatial, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                      const ConvTransposeParams& p);
+// {grad_x, grad_weight, grad_bias} (each only when asked, else undefined) in the operands' shapes.
+std::vector<Tensor> conv_transpose_backward(const char* op, int spatial, const Tensor& grad, const Tensor& x,
+                                            const Tensor& weight, const ConvTransposeParams& p, bool need_x,
+                                            bool need_weight, bool need_bias);
+// interpolate's resolved problem: x [N, C, H, W] or [N, C, W] (then H = OH = 1), any strides.
+// a: mode, OH, OW, align_corners and the scales as the caller resolved them (0: none).
+// Returns out [N, C, (OH,) OW] of x's dtype; fills a's planes, H, W.
+Tensor upsample2d(const char* op, const Tensor& x, backend::Upsample2dArgs& a);
+// The gradient (in_shape, grad's dtype) of upsample2d's input from grad (out's shape).
+Tensor upsample2d_backward(const backend::Upsample2dArgs& a, const Tensor& grad, const Shape& in_shape);
 
 }  // namespace tg::native

@@ -127,7 +127,13 @@ enum class AutocastCategory : uint8_t { None, Lower, Fp32, Promote };
   _(AdaptiveAvgPool2d, "adaptive_avg_pool2d", None) /* x; output_size */ \
   /* ---- issue 17: convolution; x, weight[, bias]; stride, padding, dilation (one per spatial dim), groups, same */ \
   _(Conv1d, "conv1d", Lower)                \
-  _(Conv2d, "conv2d", Lower)
+  _(Conv2d, "conv2d", Lower)                \
+  /* ---- issue 17: conv_transpose (as conv, plus output_padding), interpolate, batch_norm, group_norm */ \
+  _(ConvTranspose1d, "conv_transpose1d", Lower) /* x, weight[, bias]; stride, padding, output_padding, dilation, groups */ \
+  _(ConvTranspose2d, "conv_transpose2d", Lower) \
+  _(Interpolate, "interpolate", None) /* x; size, mode (0 nearest, 1 linear), align_corners, scale_h, scale_w (0: none) */ \
+  _(BatchNorm, "batch_norm", None)    /* training mode (batch statistics); x[, weight[, bias]]; eps. Input dtype out, float32 statistics */ \
+  _(GroupNorm, "group_norm", Fp32)    /* x[, weight[, bias]]; num_groups, eps */
 
 enum class OpKind : uint16_t {
 #define TG_OP_ENUM(name, str, cat) name,

@@ -112,6 +112,8 @@ Tensor permute(const Tensor& a, Shape dims);
 Tensor reshape(const Tensor& a, Shape shape);
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// ---- issue 17: torch.flatten
+Tensor flatten(const Tensor& a, int64_t start_dim = 0, int64_t end_dim = -1);
 
 // ---- issue 15: general ops (positional encodings, activations, indexing, sorting)
 // Unary math; integer inputs compute in float32, as PyTorch.

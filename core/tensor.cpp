@@ -17,6 +17,19 @@ using backend::ElemOp;
 int64_t Tensor::size(int64_t d) const { return sizes()[detail::wrap_dim(d, dim(), "size")]; }
 int64_t Tensor::stride(int64_t d) const { return strides()[detail::wrap_dim(d, dim(), "stride")]; }
 
+bool Tensor::is_contiguous(MemoryFormat format) const {
+  if (format != MemoryFormat::ChannelsLast) return is_contiguous();
+  if (dim() != 4) return false;
+  // Innermost first: C, W, H, N; a size-1 dim may have any stride.
+  static constexpr int kOrder[4] = {1, 3, 2, 0};
+  int64_t expected = 1;
+  for (int d : kOrder) {
+    if (sizes()[d] != 1 && strides()[d] != expected) return false;
+    expected *= sizes()[d];
+  }
+  return true;
+}
+
 void* Tensor::data_ptr() const {
   const TensorImpl& i = impl();
 #ifdef TG_WITH_CUDA

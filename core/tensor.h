@@ -109,6 +109,8 @@ class Tensor {
   bool is_cuda() const { return impl().device.is_cuda(); }
   bool is_cpu() const { return impl().device.is_cpu(); }
   bool is_contiguous() const { return impl().contiguous; }
+  // Dense in that format (size-1 dims' strides ignored); ChannelsLast needs 4 dims.
+  bool is_contiguous(MemoryFormat format) const;
   int64_t storage_offset() const { return impl().offset; }
   size_t element_size() const { return tg::element_size(dtype()); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
@@ -155,13 +157,17 @@ class Tensor {
   Tensor cpu() const { return to(Device(kCPU)); }
   Tensor cuda() const { return to(Device(kCUDA)); }
   Tensor contiguous() const;
+  // A copy in `format` unless already in it (differentiable); ChannelsLast needs 4 dims.
+  Tensor contiguous(MemoryFormat format) const;
   Tensor clone() const;
   Tensor detach() const;
 
   // ---- views
   Tensor view(Shape shape) const;
   Tensor reshape(Shape shape) const;
-  Tensor flatten() const { return reshape({-1}); }
+  // Dims start_dim..end_dim (negative: from the end) merged into one, as torch.flatten (a reshape;
+  // a 0-d tensor gives [1]).
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
   Tensor transpose(int64_t a, int64_t b) const;
   Tensor t() const;
   Tensor permute(Shape dims) const;

@@ -8,6 +8,11 @@
 
 namespace tg {
 
+// How a 4-d image tensor [N, C, H, W] is laid out in memory: Contiguous is row-major (NCHW);
+// ChannelsLast keeps the logical NCHW shape with NHWC strides (C innermost), the layout
+// cuDNN's tensor-core convolutions prefer; Preserve (for module.to) keeps what is there.
+enum class MemoryFormat : uint8_t { Contiguous, ChannelsLast, Preserve };
+
 class TensorOptions {
  public:
   TensorOptions() = default;

@@ -11,6 +11,8 @@
 #include <tapegrad/core/ops.h>
 #include <tapegrad/export/export.h>
 #include <tapegrad/export/program.h>
+// ---- issue 17: interpolate's index tables
+#include <tapegrad/core/backend/upsample_index.h>
 
 namespace tg {
 
@@ -821,6 +823,92 @@ void lower(OnnxGraph& g, const Program& p, const Node& n, const std::vector<std:
       g.node("Conv", ins, out,
              {attr_ints("strides", st), attr_ints("pads", pads), attr_ints("dilations", dl),
               attr_int("group", exporting::attr_int(n, "groups"))});
+      return;
+    }
+    // ---- issue 17: conv_transpose (ConvTranspose), interpolate (Gather with the kernels' index and
+    // weight tables: the exact PyTorch indices, which Resize's coordinate modes only approximate),
+    // batch_norm in training mode (batch statistics from ReduceMean), group_norm (LayerNormalization
+    // on [N, groups, -1]; GroupNormalization needs opset 18)
+    case OpKind::ConvTranspose1d:
+    case OpKind::ConvTranspose2d: {
+      const int64_t sd = n.op == OpKind::ConvTranspose1d ? 1 : 2;
+      if (in_rank != sd + 2) unsupported("an unbatched transposed convolution");
+      const auto pd = exporting::attr_ints(n, "padding");
+      std::vector<int64_t> pads(2 * sd);
+      for (int64_t i = 0; i < sd; ++i) pads[i] = pads[sd + i] = pd.at(i);
+      std::vector<std::string> ins{in_as(0, odt), in_as(1, odt)};
+      if (n.inputs.size() > 2) ins.push_back(in_as(2, odt));
+      g.node("ConvTranspose", ins, out,
+             {attr_ints("strides", exporting::attr_ints(n, "stride")), attr_ints("pads", pads),
+              attr_ints("dilations", exporting::attr_ints(n, "dilation")),
+              attr_ints("output_padding", exporting::attr_ints(n, "output_padding")),
+              attr_int("group", exporting::attr_int(n, "groups"))});
+      return;
+    }
+    case OpKind::Interpolate: {
+      if (in_rank != 3 && in_rank != 4) unsupported("interpolate of a rank-" + std::to_string(in_rank) + " input");
+      const auto size = exporting::attr_ints(n, "size");
+      if (static_cast<int64_t>(size.size()) != in_rank - 2) unsupported("interpolate with a size list of the wrong length");
+      backend::Upsample2dArgs a;
+      a.mode = exporting::attr_int(n, "mode") == 0 ? backend::UpsampleMode::Nearest : backend::UpsampleMode::Linear;
+      a.align_corners = exporting::attr_bool(n, "align_corners");
+      const double scale[2] = {exporting::attr_scalar(n, "scale_h").to_double(),
+                               exporting::attr_scalar(n, "scale_w").to_double()};
+      // One axis: gather the taps i0 (and i1, weighted) along `axis`; W first, then H, as the kernel.
+      auto axis_pass = [&](const std::string& x, int64_t axis, int64_t in_size, int64_t out_size, double s) {
+        auto run = [&](auto acc) {
+          using A = decltype(acc);
+          const auto ax = backend::upsample::make_axis<A>(a, in_size, out_size, s);
+          std::vector<int64_t> i0(static_cast<size_t>(out_size)), i1(i0.size());
+          std::vector<double> l0(i0.size()), l1(i0.size());
+          for (int64_t o = 0; o < out_size; ++o) {
+            A w0, w1;
+            backend::upsample::tap(ax, o, i0[static_cast<size_t>(o)], i1[static_cast<size_t>(o)], w0, w1);
+            l0[static_cast<size_t>(o)] = w0;
+            l1[static_cast<size_t>(o)] = w1;
+          }
+          const std::string t0 = g.node("Gather", {x, g.ints(i0)}, "", {attr_int("axis", axis)});
+          if (a.mode == backend::UpsampleMode::Nearest) return t0;
+          const Shape ws = axis == in_rank - 1 ? Shape{out_size} : Shape{out_size, 1};
+          const std::string t1 = g.node("Gather", {x, g.ints(i1)}, "", {attr_int("axis", axis)});
+          return g.node("Add", {g.node("Mul", {t0, g.initializer(tensor(l0, ws).to(odt))}),
+                                g.node("Mul", {t1, g.initializer(tensor(l1, ws).to(odt))})});
+        };
+        return odt == kFloat64 ? run(double{}) : run(float{});
+      };
+      std::string y = axis_pass(in_as(0, odt), in_rank - 1, iv(0).shape[in_rank - 1], size.back(), scale[1]);
+      if (in_rank == 4) y = axis_pass(y, 2, iv(0).shape[2], size[0], scale[0]);
+      g.node("Identity", {y}, out);
+      return;
+    }
+    case OpKind::BatchNorm:
+    case OpKind::GroupNorm: {
+      if (in_rank < 2) unsupported("normalization of a rank-" + std::to_string(in_rank) + " input");
+      const int64_t C = iv(0).shape[1];
+      const double eps = exporting::attr_scalar(n, "eps").to_double();
+      std::string x = in_as(0, odt), y;
+      if (n.op == OpKind::BatchNorm) {
+        std::vector<int64_t> axes{0};
+        for (int64_t d = 2; d < in_rank; ++d) axes.push_back(d);
+        std::string m = g.node("ReduceMean", {x}, "", {attr_ints("axes", axes), attr_int("keepdims", 1)});
+        std::string d = g.node("Sub", {x, m});
+        std::string v = g.node("ReduceMean", {g.node("Mul", {d, d})}, "", {attr_ints("axes", axes), attr_int("keepdims", 1)});
+        y = g.node("Div", {d, g.node("Sqrt", {g.node("Add", {v, g.scalar(eps, odt)})})});
+      } else {
+        const int64_t groups = exporting::attr_int(n, "num_groups");
+        int64_t per = C / groups;
+        for (int64_t d = 2; d < in_rank; ++d) per *= iv(0).shape[d];
+        std::string rows = g.node("Reshape", {x, g.ints({0, groups, -1})});
+        std::string normed = g.node("LayerNormalization", {rows, g.initializer(full({per}, 1, odt))}, "",
+                                    {attr_int("axis", -1), OnnxAttr{"epsilon", attr::kFloat, 0, static_cast<float>(eps), {}},
+                                     attr_int("stash_type", 1)});
+        y = g.node("Reshape", {normed, g.node("Shape", {x})});
+      }
+      std::vector<int64_t> cshape{C};
+      for (int64_t d = 2; d < in_rank; ++d) cshape.push_back(1);
+      if (n.inputs.size() > 1) y = g.node("Mul", {y, g.node("Reshape", {in_as(1, odt), g.ints(cshape)})});
+      if (n.inputs.size() > 2) y = g.node("Add", {y, g.node("Reshape", {in_as(2, odt), g.ints(cshape)})});
+      g.node("Identity", {y}, out);
       return;
     }
   }

@@ -22,6 +22,9 @@
 
 // ---- issue 17: convolution
 #include <tapegrad/nn/conv.h>
+// ---- issue 17: conv_transpose, interpolate, batch_norm, group_norm
+#include <tapegrad/nn/batch_norm.h>
+#include <tapegrad/nn/upsample.h>
 
 namespace tg::exporting {
 
@@ -233,6 +236,35 @@ const OpSchema& op_schema(OpKind op) {
                                    {"same", T::Bool}},
                                   1};  // x, weight[, bias]
       return kConv;
+    }
+    // ---- issue 17: conv_transpose, interpolate, batch_norm, group_norm
+    case OpKind::ConvTranspose1d:
+    case OpKind::ConvTranspose2d: {
+      static const OpSchema kConvT{3,
+                                   {{"stride", T::Ints},
+                                    {"padding", T::Ints},
+                                    {"output_padding", T::Ints},
+                                    {"dilation", T::Ints},
+                                    {"groups", T::Int}},
+                                   1};  // x, weight[, bias]
+      return kConvT;
+    }
+    case OpKind::Interpolate: {
+      static const OpSchema kInterp{1,
+                                    {{"size", T::Ints},
+                                     {"mode", T::Int},
+                                     {"align_corners", T::Bool},
+                                     {"scale_h", T::Scalar},
+                                     {"scale_w", T::Scalar}}};
+      return kInterp;
+    }
+    case OpKind::BatchNorm: {
+      static const OpSchema kBatchNorm{3, {{"eps", T::Scalar}}, 2};  // x[, weight[, bias]]
+      return kBatchNorm;
+    }
+    case OpKind::GroupNorm: {
+      static const OpSchema kGroupNorm{3, {{"num_groups", T::Int}, {"eps", T::Scalar}}, 2};  // x[, weight[, bias]]
+      return kGroupNorm;
     }
   }
   TG_ERROR("export: no schema for op ", static_cast<int>(op));
@@ -631,6 +663,48 @@ Tensor execute(const Node& n, const std::vector<Tensor>& in, DType out_dtype) {
            .dilation = {dl[0], dl[1]},
            .groups = attr_int(n, "groups")});
     }
+    // ---- issue 17: conv_transpose, interpolate, batch_norm, group_norm
+    case OpKind::ConvTranspose1d:
+    case OpKind::ConvTranspose2d: {
+      const auto st = attr_ints(n, "stride"), pd = attr_ints(n, "padding"), op = attr_ints(n, "output_padding"),
+                 dl = attr_ints(n, "dilation");
+      const size_t d = n.op == OpKind::ConvTranspose1d ? 1 : 2;
+      TG_CHECK(st.size() == d && pd.size() == d && op.size() == d && dl.size() == d, "export: ", op_name(n.op),
+               " node with option lists of the wrong length");
+      const Tensor bias = in.size() > 2 ? in[2] : Tensor();
+      const int64_t g = attr_int(n, "groups");
+      if (d == 1)
+        return nn::functional::conv_transpose1d(
+            a(), b(), bias, {.stride = st[0], .padding = pd[0], .output_padding = op[0], .groups = g, .dilation = dl[0]});
+      return nn::functional::conv_transpose2d(a(), b(), bias,
+                                              {.stride = {st[0], st[1]},
+                                               .padding = {pd[0], pd[1]},
+                                               .output_padding = {op[0], op[1]},
+                                               .groups = g,
+                                               .dilation = {dl[0], dl[1]}});
+    }
+    case OpKind::Interpolate: {
+      const auto size = attr_ints(n, "size");
+      const int64_t mode = attr_int(n, "mode");
+      TG_CHECK(mode == 0 || mode == 1, "export: interpolate mode ", mode, " is not 0 (nearest) or 1 (linear)");
+      TG_CHECK(size.size() == 1 || size.size() == 2, "export: interpolate with ", size.size(), " output sizes");
+      nn::InterpolateFuncOptions o;
+      o.mode = mode == 0 ? "nearest" : size.size() == 1 ? "linear" : "bilinear";
+      if (mode == 1) o.align_corners = attr_bool(n, "align_corners");
+      const double sh = attr_scalar(n, "scale_h").to_double(), sw = attr_scalar(n, "scale_w").to_double();
+      if (sw > 0)  // the scale_factor path (output sizes floor(in * s) again, indices from s)
+        o.scale_factor = size.size() == 1 ? std::vector<double>{sw} : std::vector<double>{sh, sw};
+      else
+        o.size = size;
+      return nn::functional::interpolate(a(), o);
+    }
+    case OpKind::BatchNorm:
+      return nn::functional::batch_norm(a(), Tensor(), Tensor(), in.size() > 1 ? in[1] : Tensor(),
+                                        in.size() > 2 ? in[2] : Tensor(), true, 0.1,
+                                        attr_scalar(n, "eps").to_double());
+    case OpKind::GroupNorm:
+      return nn::functional::group_norm(a(), attr_int(n, "num_groups"), in.size() > 1 ? in[1] : Tensor(),
+                                        in.size() > 2 ? in[2] : Tensor(), attr_scalar(n, "eps").to_double());
   }
   TG_ERROR("export: cannot execute op ", static_cast<int>(n.op));
 }

@@ -8,7 +8,9 @@
 #include <tapegrad/autograd/autograd.h>
 #include <tapegrad/autograd/function.h>
 #include <tapegrad/core/native.h>
+#include <tapegrad/core/autocast_hook.h>
 #include <tapegrad/core/ops.h>
+#include <tapegrad/core/trace.h>
 #include <tapegrad/nn/init.h>
 #include <tapegrad/nn/normalization.h>
 
@@ -91,6 +93,15 @@ Tensor batch_norm_train(const Tensor& x, const Tensor& running_mean, const Tenso
         return out;
       });
 }
+
+// Traced operands: x[, weight[, bias]]; a bias without a weight traces a weight of ones.
+std::vector<Tensor> traced_operands(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  std::vector<Tensor> ins{x};
+  if (weight.defined() || bias.defined())
+    ins.push_back(weight.defined() ? weight : native::full({x.sizes()[1]}, 1, bias.dtype(), x.device()));
+  if (bias.defined()) ins.push_back(bias);
+  return ins;
+}
 }  // namespace
 
 namespace functional {
@@ -124,11 +135,19 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
     Tensor y = xc * per_channel(scale, x, dt) + per_channel(shift, x, dt);
     return y.to(x.dtype()).contiguous();
   }
-  if (x.numel() == 0) return affine_out(x.to(dt), x, weight, bias);  // nothing to normalize
-  return batch_norm_train(x, running_mean, running_var, weight, bias, momentum, eps);
+  Tensor out;
+  {
+    // Traced as one batch_norm node (batch statistics); the running-stat update is not part of it.
+    detail::TracerGuard inner(nullptr);
+    out = x.numel() == 0 ? affine_out(x.to(dt), x, weight, bias)  // nothing to normalize
+                         : batch_norm_train(x, running_mean, running_var, weight, bias, momentum, eps);
+  }
+  TG_TRACE(BatchNorm, out, traced_operands(x, weight, bias), {{"eps", eps}});
+  return out;
 }
 
 Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps) {
+  TG_AUTOCAST(GroupNorm, group_norm(x, groups, weight, bias, eps), x, weight, bias);
   const char* op = "group_norm";
   check_input(op, x, eps);
   const int64_t n = x.sizes()[0], c = x.sizes()[1];
@@ -139,9 +158,15 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
   check_channel_vec(op, "bias", bias, x, c);
   const DType dt = compute_dtype(x.dtype());
   const int64_t cols = n * groups == 0 ? 0 : x.numel() / (n * groups);
-  Tensor rows = x.to(dt).reshape({n * groups, cols});
-  Tensor normed = layer_norm(rows, {cols}, Tensor(), Tensor(), eps);
-  return affine_out(normed.reshape(x.sizes()), x, weight, bias);
+  Tensor out;
+  {
+    detail::TracerGuard inner(nullptr);  // traced as one group_norm node
+    Tensor rows = x.to(dt).reshape({n * groups, cols});
+    Tensor normed = layer_norm(rows, {cols}, Tensor(), Tensor(), eps);
+    out = affine_out(normed.reshape(x.sizes()), x, weight, bias);
+  }
+  TG_TRACE(GroupNorm, out, traced_operands(x, weight, bias), {{"num_groups", groups}, {"eps", eps}});
+  return out;
 }
 
 }  // namespace functional

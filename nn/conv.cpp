@@ -1,4 +1,5 @@
-// conv1d / conv2d with their backward right below, and the modules Conv1d, Conv2d.
+// conv1d / conv2d and conv_transpose1d / conv_transpose2d with their backward right below, and the
+// modules ConvNd (Conv1d, Conv2d) and ConvTransposeNd (ConvTranspose1d, ConvTranspose2d).
 #include <tapegrad/nn/conv.h>
 
 #include <cmath>
@@ -14,18 +15,31 @@ namespace tg::nn {
 
 namespace {
 
-// 1-d options in 2-d terms: the H dim is a unit one.
+// D-d options in 2-d terms: a 1-d op has a unit H dim (index 0).
 template <size_t D>
-native::ConvParams params(const ExpandingArray<D>& stride, const ConvPadding<D>& padding,
-                          const ExpandingArray<D>& dilation, int64_t groups) {
+void put(std::array<int64_t, 2>& dst, const ExpandingArray<D>& src) {
+  for (size_t i = 0; i < D; ++i) dst[2 - D + i] = src[i];
+}
+
+template <size_t D>
+native::ConvParams params(const ConvFuncOptions<D>& o) {
   native::ConvParams p;
-  for (size_t i = 0; i < D; ++i) {
-    p.stride[2 - D + i] = stride[i];
-    p.padding[2 - D + i] = padding.values[i];
-    p.dilation[2 - D + i] = dilation[i];
-  }
-  p.groups = groups;
-  p.same = padding.same;
+  put<D>(p.stride, o.stride);
+  put<D>(p.padding, o.padding.values);
+  put<D>(p.dilation, o.dilation);
+  p.groups = o.groups;
+  p.same = o.padding.same;
+  return p;
+}
+
+template <size_t D>
+native::ConvTransposeParams params(const ConvTransposeFuncOptions<D>& o) {
+  native::ConvTransposeParams p;
+  put<D>(p.conv.stride, o.stride);
+  put<D>(p.conv.padding, o.padding);
+  put<D>(p.conv.dilation, o.dilation);
+  put<D>(p.output_padding, o.output_padding);
+  p.conv.groups = o.groups;
   return p;
 }
 
@@ -34,21 +48,56 @@ std::vector<int64_t> ints(const ExpandingArray<D>& a) {
   return std::vector<int64_t>(a.values.begin(), a.values.end());
 }
 
-// The forward, and a node whose backward is one backend call (grad_x, grad_weight, grad_bias).
-Tensor conv_op(const char* op, int spatial, const Tensor& x, const Tensor& w, const Tensor& b,
-               const native::ConvParams& p) {
-  Tensor out = native::conv(op, spatial, x, w, b, p);
-  if (!autograd::should_record(x, w, b)) return out;
-  autograd::SavedTensor sx(x, op), sw(w, op);
-  return autograd::record(
-      op, {x, w, b}, std::move(out), [sx, sw, p, spatial, op](const Tensor& g, const autograd::FunctionNode& n) {
-        return native::conv_backward(op, spatial, g, sx.unpack(), sw.unpack(), p, n.needs_input_grad(0),
-                                     n.needs_input_grad(1), n.needs_input_grad(2));
-      });
-}
-
 std::vector<Tensor> operands(const Tensor& x, const Tensor& w, const Tensor& b) {
   return b.defined() ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x, w};
+}
+
+// The forward, and a node whose backward is one backend call (grad_x, grad_weight, grad_bias).
+template <size_t D>
+Tensor conv_op(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, const ConvFuncOptions<D>& o) {
+  const native::ConvParams p = params<D>(o);
+  Tensor out = native::conv(op, D, x, w, b, p);
+  if (!autograd::should_record(x, w, b)) return out;
+  autograd::SavedTensor sx(x, op), sw(w, op);
+  return autograd::record(op, {x, w, b}, std::move(out),
+                          [sx, sw, p, op](const Tensor& g, const autograd::FunctionNode& n) {
+                            return native::conv_backward(op, D, g, sx.unpack(), sw.unpack(), p, n.needs_input_grad(0),
+                                                         n.needs_input_grad(1), n.needs_input_grad(2));
+                          });
+}
+
+template <size_t D>
+std::vector<detail::TraceAttr> conv_attrs(const ConvFuncOptions<D>& o) {
+  return {{"stride", ints(o.stride)},
+          {"padding", ints(o.padding.values)},
+          {"dilation", ints(o.dilation)},
+          {"groups", o.groups},
+          {"same", o.padding.same}};
+}
+
+// conv_transpose: forward and input gradient on the conv kernels (core/native/conv.cpp).
+template <size_t D>
+Tensor conv_transpose_op(const char* op, const Tensor& x, const Tensor& w, const Tensor& b,
+                         const ConvTransposeFuncOptions<D>& o) {
+  const native::ConvTransposeParams p = params<D>(o);
+  Tensor out = native::conv_transpose(op, D, x, w, b, p);
+  if (!autograd::should_record(x, w, b)) return out;
+  autograd::SavedTensor sx(x, op), sw(w, op);
+  return autograd::record(op, {x, w, b}, std::move(out),
+                          [sx, sw, p, op](const Tensor& g, const autograd::FunctionNode& n) {
+                            return native::conv_transpose_backward(op, D, g, sx.unpack(), sw.unpack(), p,
+                                                                   n.needs_input_grad(0), n.needs_input_grad(1),
+                                                                   n.needs_input_grad(2));
+                          });
+}
+
+template <size_t D>
+std::vector<detail::TraceAttr> conv_transpose_attrs(const ConvTransposeFuncOptions<D>& o) {
+  return {{"stride", ints(o.stride)},
+          {"padding", ints(o.padding)},
+          {"output_padding", ints(o.output_padding)},
+          {"dilation", ints(o.dilation)},
+          {"groups", o.groups}};
 }
 
 }  // namespace
@@ -57,25 +106,29 @@ namespace functional {
 
 Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv1dFuncOptions o) {
   TG_AUTOCAST(Conv1d, conv1d(x, weight, bias, o), x, weight, bias);
-  Tensor out = conv_op("conv1d", 1, x, weight, bias, params<1>(o.stride, o.padding, o.dilation, o.groups));
-  TG_TRACE(Conv1d, out, operands(x, weight, bias),
-           {{"stride", ints(o.stride)},
-            {"padding", ints(o.padding.values)},
-            {"dilation", ints(o.dilation)},
-            {"groups", o.groups},
-            {"same", o.padding.same}});
+  Tensor out = conv_op<1>("conv1d", x, weight, bias, o);
+  TG_TRACE(Conv1d, out, operands(x, weight, bias), conv_attrs(o));
   return out;
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dFuncOptions o) {
   TG_AUTOCAST(Conv2d, conv2d(x, weight, bias, o), x, weight, bias);
-  Tensor out = conv_op("conv2d", 2, x, weight, bias, params<2>(o.stride, o.padding, o.dilation, o.groups));
-  TG_TRACE(Conv2d, out, operands(x, weight, bias),
-           {{"stride", ints(o.stride)},
-            {"padding", ints(o.padding.values)},
-            {"dilation", ints(o.dilation)},
-            {"groups", o.groups},
-            {"same", o.padding.same}});
+  Tensor out = conv_op<2>("conv2d", x, weight, bias, o);
+  TG_TRACE(Conv2d, out, operands(x, weight, bias), conv_attrs(o));
+  return out;
+}
+
+Tensor conv_transpose1d(const Tensor& x, const Tensor& weight, const Tensor& bias, ConvTranspose1dFuncOptions o) {
+  TG_AUTOCAST(ConvTranspose1d, conv_transpose1d(x, weight, bias, o), x, weight, bias);
+  Tensor out = conv_transpose_op<1>("conv_transpose1d", x, weight, bias, o);
+  TG_TRACE(ConvTranspose1d, out, operands(x, weight, bias), conv_transpose_attrs(o));
+  return out;
+}
+
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias, ConvTranspose2dFuncOptions o) {
+  TG_AUTOCAST(ConvTranspose2d, conv_transpose2d(x, weight, bias, o), x, weight, bias);
+  Tensor out = conv_transpose_op<2>("conv_transpose2d", x, weight, bias, o);
+  TG_TRACE(ConvTranspose2d, out, operands(x, weight, bias), conv_transpose_attrs(o));
   return out;
 }
 
@@ -83,27 +136,28 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dF
 
 namespace {
 
-template <size_t D, typename Opts>
-void check_module(const char* what, int64_t in, int64_t out, const ExpandingArray<D>& k, const Opts& o,
+template <size_t D>
+void check_module(const std::string& what, int64_t in, int64_t out, const ExpandingArray<D>& k, int64_t groups,
+                  const ExpandingArray<D>& stride, const ExpandingArray<D>& dilation, const ExpandingArray<D>& padding,
                   const TensorOptions& to) {
   TG_CHECK(in >= 0 && out >= 0, what, ": in_channels and out_channels must be >= 0, got ", in, " and ", out);
-  TG_CHECK(o.groups >= 1, what, ": groups must be >= 1, got ", o.groups);
-  TG_CHECK(in % o.groups == 0, what, ": in_channels ", in, " must be divisible by groups ", o.groups);
-  TG_CHECK(out % o.groups == 0, what, ": out_channels ", out, " must be divisible by groups ", o.groups);
+  TG_CHECK(groups >= 1, what, ": groups must be >= 1, got ", groups);
+  TG_CHECK(in % groups == 0, what, ": in_channels ", in, " must be divisible by groups ", groups);
+  TG_CHECK(out % groups == 0, what, ": out_channels ", out, " must be divisible by groups ", groups);
   for (size_t i = 0; i < D; ++i) {
     TG_CHECK(k[i] >= 1, what, ": kernel_size must be >= 1, got ", k[i]);
-    TG_CHECK(o.stride[i] >= 1, what, ": stride must be >= 1, got ", o.stride[i]);
-    TG_CHECK(o.dilation[i] >= 1, what, ": dilation must be >= 1, got ", o.dilation[i]);
-    TG_CHECK(o.padding.values[i] >= 0, what, ": padding must be >= 0, got ", o.padding.values[i]);
-    TG_CHECK(!o.padding.same || o.stride[i] == 1, what,
-             ": padding='same' is not supported for strided convolutions (stride ", o.stride[i], ")");
+    TG_CHECK(stride[i] >= 1, what, ": stride must be >= 1, got ", stride[i]);
+    TG_CHECK(dilation[i] >= 1, what, ": dilation must be >= 1, got ", dilation[i]);
+    TG_CHECK(padding[i] >= 0, what, ": padding must be >= 0, got ", padding[i]);
   }
   TG_CHECK(is_floating(to.dtype()), what, ": parameters must be floating point, got ", to.dtype());
 }
 
-Shape weight_shape(int64_t in, int64_t out, int64_t groups, const int64_t* k, size_t d) {
-  Shape s{out, in / groups};
-  for (size_t i = 0; i < d; ++i) s.push_back(k[i]);
+// [d0, d1, k...]
+template <size_t D>
+Shape weight_shape(int64_t d0, int64_t d1, const ExpandingArray<D>& k) {
+  Shape s{d0, d1};
+  for (size_t i = 0; i < D; ++i) s.push_back(k[i]);
   return s;
 }
 
@@ -121,36 +175,94 @@ TensorOptions param_options(const TensorOptions& t) { return TensorOptions().dty
 
 }  // namespace
 
-Conv1d::Conv1d(int64_t in, int64_t out, ExpandingArray<1> k, Conv1dOptions o, TensorOptions to)
+template <size_t D>
+ConvNd<D>::ConvNd(int64_t in, int64_t out, ExpandingArray<D> k, ConvOptions<D> o, TensorOptions to)
     : in_channels(in), out_channels(out), kernel_size(k), options(o) {
-  check_module<1>("Conv1d", in, out, k, o, to);
-  weight = register_parameter("weight", empty(weight_shape(in, out, o.groups, k.values.data(), 1), param_options(to)));
+  const std::string what = name();
+  check_module<D>(what, in, out, k, o.groups, o.stride, o.dilation, o.padding.values, to);
+  for (size_t i = 0; i < D; ++i)
+    TG_CHECK(!o.padding.same || o.stride[i] == 1, what,
+             ": padding='same' is not supported for strided convolutions (stride ", o.stride[i], ")");
+  weight = register_parameter("weight", empty(weight_shape<D>(out, o.groups ? in / o.groups : 0, k), param_options(to)));
   if (o.bias) bias = register_parameter("bias", empty({out}, param_options(to)));
   reset_parameters();
 }
 
-void Conv1d::reset_parameters() { reset_conv(weight, bias); }
-
-Tensor Conv1d::forward(const Tensor& x) {
-  return functional::conv1d(
-      x, weight, bias,
-      {.stride = options.stride, .padding = options.padding, .dilation = options.dilation, .groups = options.groups});
+template <size_t D>
+void ConvNd<D>::reset_parameters() {
+  reset_conv(weight, bias);
 }
 
-Conv2d::Conv2d(int64_t in, int64_t out, ExpandingArray<2> k, Conv2dOptions o, TensorOptions to)
+template <size_t D>
+Tensor ConvNd<D>::forward(const Tensor& x) {
+  const ConvFuncOptions<D> o{
+      .stride = options.stride, .padding = options.padding, .dilation = options.dilation, .groups = options.groups};
+  if constexpr (D == 1)
+    return functional::conv1d(x, weight, bias, o);
+  else
+    return functional::conv2d(x, weight, bias, o);
+}
+
+template class ConvNd<1>;
+template class ConvNd<2>;
+
+template <size_t D>
+ConvTransposeNd<D>::ConvTransposeNd(int64_t in, int64_t out, ExpandingArray<D> k, ConvTransposeOptions<D> o,
+                                    TensorOptions to)
     : in_channels(in), out_channels(out), kernel_size(k), options(o) {
-  check_module<2>("Conv2d", in, out, k, o, to);
-  weight = register_parameter("weight", empty(weight_shape(in, out, o.groups, k.values.data(), 2), param_options(to)));
+  const std::string what = name();
+  check_module<D>(what, in, out, k, o.groups, o.stride, o.dilation, o.padding, to);
+  for (size_t i = 0; i < D; ++i)
+    TG_CHECK(o.output_padding[i] >= 0 && (o.output_padding[i] < o.stride[i] || o.output_padding[i] < o.dilation[i]),
+             what, ": output padding must be smaller than either stride or dilation, got output_padding ",
+             o.output_padding[i], ", stride ", o.stride[i], ", dilation ", o.dilation[i]);
+  weight = register_parameter("weight", empty(weight_shape<D>(in, o.groups ? out / o.groups : 0, k), param_options(to)));
   if (o.bias) bias = register_parameter("bias", empty({out}, param_options(to)));
   reset_parameters();
 }
 
-void Conv2d::reset_parameters() { reset_conv(weight, bias); }
-
-Tensor Conv2d::forward(const Tensor& x) {
-  return functional::conv2d(
-      x, weight, bias,
-      {.stride = options.stride, .padding = options.padding, .dilation = options.dilation, .groups = options.groups});
+template <size_t D>
+void ConvTransposeNd<D>::reset_parameters() {
+  reset_conv(weight, bias);
 }
+
+template <size_t D>
+Tensor ConvTransposeNd<D>::forward(const Tensor& x) {
+  return forward(x, {});
+}
+
+template <size_t D>
+Tensor ConvTransposeNd<D>::forward(const Tensor& x, const std::vector<int64_t>& output_size) {
+  ConvTransposeFuncOptions<D> o{.stride = options.stride,
+                                .padding = options.padding,
+                                .output_padding = options.output_padding,
+                                .groups = options.groups,
+                                .dilation = options.dilation};
+  if (!output_size.empty()) {  // PyTorch's _ConvTransposeNd._output_padding
+    const std::string what = name();
+    TG_CHECK(x.defined() && x.dim() >= static_cast<int64_t>(D) + 1, what, ": input of shape ",
+             x.defined() ? x.sizes() : Shape{}, " has too few dims");
+    TG_CHECK(output_size.size() == D || output_size.size() == D + 2, what, ": output_size must have ", D, " or ",
+             D + 2, " elements, got ", Shape(output_size));
+    const size_t off = output_size.size() - D;
+    for (size_t i = 0; i < D; ++i) {
+      const int64_t in = x.sizes()[static_cast<size_t>(x.dim()) - D + i];
+      const int64_t lo = (in - 1) * options.stride[i] - 2 * options.padding[i] +
+                         options.dilation[i] * (kernel_size[i] - 1) + 1;
+      const int64_t hi = lo + options.stride[i] - 1;
+      const int64_t want = output_size[off + i];
+      TG_CHECK(want >= lo && want <= hi, what, ": requested an output size of ", Shape(output_size),
+               ", but valid sizes range from ", lo, " to ", hi, " (for an input of shape ", x.sizes(), ")");
+      o.output_padding.values[i] = want - lo;
+    }
+  }
+  if constexpr (D == 1)
+    return functional::conv_transpose1d(x, weight, bias, o);
+  else
+    return functional::conv_transpose2d(x, weight, bias, o);
+}
+
+template class ConvTransposeNd<1>;
+template class ConvTransposeNd<2>;
 
 }  // namespace tg::nn

@@ -1,10 +1,12 @@
 // Convolutions: functional::conv1d / conv2d (PyTorch's cross-correlation, groups and dilation
-// included; CPU: im2col + gemm) and the modules nn::Conv1d, nn::Conv2d.
+// included; CPU: im2col + gemm), conv_transpose1d / conv_transpose2d, and the modules nn::Conv1d,
+// nn::Conv2d, nn::ConvTranspose1d, nn::ConvTranspose2d (one template per family, over the rank).
 #pragma once
 #include <array>
 #include <cstddef>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include <tapegrad/nn/module.h>
 
@@ -43,18 +45,28 @@ struct ConvPadding {
   bool same = false;
 };
 
-struct Conv1dFuncOptions {
-  ExpandingArray<1> stride = 1;
-  ConvPadding<1> padding = 0;
-  ExpandingArray<1> dilation = 1;
+// conv1d / conv2d options (libtorch's Conv1dFuncOptions / Conv2dFuncOptions).
+template <size_t D>
+struct ConvFuncOptions {
+  ExpandingArray<D> stride = 1;
+  ConvPadding<D> padding = 0;
+  ExpandingArray<D> dilation = 1;
   int64_t groups = 1;
 };
-struct Conv2dFuncOptions {
-  ExpandingArray<2> stride = 1;
-  ConvPadding<2> padding = 0;
-  ExpandingArray<2> dilation = 1;
+using Conv1dFuncOptions = ConvFuncOptions<1>;
+using Conv2dFuncOptions = ConvFuncOptions<2>;
+
+// conv_transpose1d / conv_transpose2d options, in PyTorch's argument order.
+template <size_t D>
+struct ConvTransposeFuncOptions {
+  ExpandingArray<D> stride = 1;
+  ExpandingArray<D> padding = 0;
+  ExpandingArray<D> output_padding = 0;  // < stride or < dilation
   int64_t groups = 1;
+  ExpandingArray<D> dilation = 1;
 };
+using ConvTranspose1dFuncOptions = ConvTransposeFuncOptions<1>;
+using ConvTranspose2dFuncOptions = ConvTransposeFuncOptions<2>;
 
 namespace functional {
 // torch.nn.functional.conv1d: x [N, C_in, L] or unbatched [C_in, L]; weight [C_out, C_in / groups, k];
@@ -63,56 +75,88 @@ namespace functional {
 Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), Conv1dFuncOptions options = {});
 // torch.nn.functional.conv2d: x [N, C_in, H, W] or [C_in, H, W]; weight [C_out, C_in / groups, kh, kw].
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), Conv2dFuncOptions options = {});
+// torch.nn.functional.conv_transpose1d / conv_transpose2d (the gradient of conv with respect to its
+// input): x [N, C_in, L] / [N, C_in, H, W] or unbatched; weight [C_in, C_out / groups, k...]; bias
+// [C_out] or undefined. L_out = (L - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1.
+// Runs on conv2d's backend kernels (wherever conv2d runs). Differentiable in all three.
+Tensor conv_transpose1d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+                        ConvTranspose1dFuncOptions options = {});
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+                        ConvTranspose2dFuncOptions options = {});
 }  // namespace functional
 
-struct Conv1dOptions {
-  ExpandingArray<1> stride = 1;
-  ConvPadding<1> padding = 0;
-  ExpandingArray<1> dilation = 1;
+template <size_t D>
+struct ConvOptions {
+  ExpandingArray<D> stride = 1;
+  ConvPadding<D> padding = 0;
+  ExpandingArray<D> dilation = 1;
   int64_t groups = 1;
   bool bias = true;
 };
-struct Conv2dOptions {
-  ExpandingArray<2> stride = 1;
-  ConvPadding<2> padding = 0;
-  ExpandingArray<2> dilation = 1;
-  int64_t groups = 1;
-  bool bias = true;
-};
+using Conv1dOptions = ConvOptions<1>;
+using Conv2dOptions = ConvOptions<2>;
 
-// weight [out, in / groups, k] and bias [out] drawn as PyTorch: kaiming_uniform(a = √5), i.e.
-// U(±1/√fan_in) for both, fan_in = in / groups * k. state_dict names "weight", "bias".
-class Conv1d : public Module {
+// Conv1d (D = 1) and Conv2d (D = 2): weight [out, in / groups, k...] and bias [out] drawn as
+// PyTorch: kaiming_uniform(a = √5), i.e. U(±1/√fan_in) for both, fan_in = in / groups * prod(k).
+// state_dict names "weight", "bias".
+template <size_t D>
+class ConvNd : public Module {
  public:
-  Conv1d(int64_t in_channels, int64_t out_channels, ExpandingArray<1> kernel_size, Conv1dOptions options = {},
+  ConvNd(int64_t in_channels, int64_t out_channels, ExpandingArray<D> kernel_size, ConvOptions<D> options = {},
          TensorOptions tensor_options = {});
   Tensor forward(const Tensor& x) override;
-  std::string name() const override { return "Conv1d"; }
+  std::string name() const override { return D == 1 ? "Conv1d" : "Conv2d"; }
   void reset_parameters();
 
   int64_t in_channels = 0;
   int64_t out_channels = 0;
-  ExpandingArray<1> kernel_size;
-  Conv1dOptions options;
+  ExpandingArray<D> kernel_size;
+  ConvOptions<D> options;
   Tensor weight;
   Tensor bias;  // undefined with .bias = false
 };
+using Conv1d = ConvNd<1>;
+using Conv2d = ConvNd<2>;
+extern template class ConvNd<1>;
+extern template class ConvNd<2>;
 
-// weight [out, in / groups, kh, kw] and bias [out], initialised as Conv1d (fan_in = in / groups * kh * kw).
-class Conv2d : public Module {
+// PyTorch's ConvTranspose1d / ConvTranspose2d arguments after kernel_size, in order.
+template <size_t D>
+struct ConvTransposeOptions {
+  ExpandingArray<D> stride = 1;
+  ExpandingArray<D> padding = 0;
+  ExpandingArray<D> output_padding = 0;
+  int64_t groups = 1;
+  bool bias = true;
+  ExpandingArray<D> dilation = 1;
+};
+using ConvTranspose1dOptions = ConvTransposeOptions<1>;
+using ConvTranspose2dOptions = ConvTransposeOptions<2>;
+
+// ConvTranspose1d / ConvTranspose2d: weight [in, out / groups, k...] and bias [out], initialised as
+// ConvNd (fan_in = out / groups * prod(k), PyTorch's fan of that layout). state_dict "weight", "bias".
+template <size_t D>
+class ConvTransposeNd : public Module {
  public:
-  Conv2d(int64_t in_channels, int64_t out_channels, ExpandingArray<2> kernel_size, Conv2dOptions options = {},
-         TensorOptions tensor_options = {});
+  ConvTransposeNd(int64_t in_channels, int64_t out_channels, ExpandingArray<D> kernel_size,
+                  ConvTransposeOptions<D> options = {}, TensorOptions tensor_options = {});
   Tensor forward(const Tensor& x) override;
-  std::string name() const override { return "Conv2d"; }
+  // PyTorch's forward(input, output_size): output_padding chosen so the output's spatial size is
+  // output_size (the last D values of it; D or D + 2 values), within [smallest, smallest + stride - 1].
+  Tensor forward(const Tensor& x, const std::vector<int64_t>& output_size);
+  std::string name() const override { return D == 1 ? "ConvTranspose1d" : "ConvTranspose2d"; }
   void reset_parameters();
 
   int64_t in_channels = 0;
   int64_t out_channels = 0;
-  ExpandingArray<2> kernel_size;
-  Conv2dOptions options;
+  ExpandingArray<D> kernel_size;
+  ConvTransposeOptions<D> options;
   Tensor weight;
   Tensor bias;  // undefined with .bias = false
 };
+using ConvTranspose1d = ConvTransposeNd<1>;
+using ConvTranspose2d = ConvTransposeNd<2>;
+extern template class ConvTransposeNd<1>;
+extern template class ConvTransposeNd<2>;
 
 }  // namespace tg::nn

@@ -76,6 +76,16 @@ const Tensor& kaiming_uniform_(const Tensor& t, double a, std::string_view mode,
   return uniform_(t, -bound, bound);
 }
 
+const Tensor& kaiming_normal_(const Tensor& t, double a, std::string_view mode, std::string_view nonlinearity) {
+  check_floating(t, "kaiming_normal_");
+  TG_CHECK(mode == "fan_in" || mode == "fan_out",
+           "nn::init::kaiming_normal_: mode must be 'fan_in' or 'fan_out', got '", mode, "'");
+  auto [fan_in, fan_out] = calculate_fan_in_and_fan_out(t);
+  const int64_t fan = mode == "fan_in" ? fan_in : fan_out;
+  if (fan == 0) return t;
+  return normal_(t, 0, calculate_gain(nonlinearity, a) / std::sqrt(static_cast<double>(fan)));
+}
+
 const Tensor& xavier_uniform_(const Tensor& t, double gain) {
   check_floating(t, "xavier_uniform_");
   auto [fan_in, fan_out] = calculate_fan_in_and_fan_out(t);

@@ -20,6 +20,10 @@ const Tensor& ones_(const Tensor& t);
 // U(-bound, bound), bound = gain * sqrt(3 / fan), gain from nonlinearity and a.
 const Tensor& kaiming_uniform_(const Tensor& t, double a = 0, std::string_view mode = "fan_in",
                                std::string_view nonlinearity = "leaky_relu");
+// N(0, std^2), std = gain / sqrt(fan), gain from nonlinearity and a (torchvision's ResNet convs:
+// mode "fan_out", nonlinearity "relu").
+const Tensor& kaiming_normal_(const Tensor& t, double a = 0, std::string_view mode = "fan_in",
+                              std::string_view nonlinearity = "leaky_relu");
 const Tensor& xavier_uniform_(const Tensor& t, double gain = 1);
 
 }  // namespace tg::nn::init

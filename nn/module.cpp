@@ -157,6 +157,20 @@ Module& Module::to(Device device, DType dtype) {
   return *this;
 }
 
+Module& Module::to(MemoryFormat format) {
+  TG_CHECK(format != MemoryFormat::Preserve, name(), ".to(MemoryFormat::Preserve): nothing to convert to");
+  NoGradGuard guard;
+  std::unordered_set<const TensorImpl*> seen;
+  visit("", [&](const std::string&, const Tensor& t, bool) {
+    if (t.dim() != 4 || !seen.insert(t.impl_ptr().get()).second) return;
+    Tensor laid = t.detach().contiguous(format);
+    if (!laid.is_same(t) && laid.impl().storage != t.impl().storage) swap_in(t, laid);
+    if (t.impl().autograd && t.impl().autograd->grad.defined())
+      t.impl().autograd->grad = t.impl().autograd->grad.contiguous(format);
+  });
+  return *this;
+}
+
 Module& Module::train(bool on) {
   training_ = on;
   for (const auto& [n, c] : children_) c->train(on);

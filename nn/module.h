@@ -90,6 +90,9 @@ class Module {
   Module& to(DeviceType device) { return to(Device(device)); }
   Module& to(DType dtype);
   Module& to(Device device, DType dtype);
+  // Lays every 4-d parameter and buffer (conv weights) out in `format` (ChannelsLast: NHWC
+  // strides), as PyTorch's module.to(memory_format=...); other tensors are untouched.
+  Module& to(MemoryFormat format);
 
   Module& train(bool on = true);
   Module& eval() { return train(false); }

@@ -27,3 +27,9 @@
 
 // ---- issue 17: convolution
 #include <tapegrad/nn/conv.h>
+
+// ---- issue 18: scaled_dot_product_attention, MultiheadAttention
+#include <tapegrad/nn/attention.h>
+
+// ---- issue 17: interpolate, Upsample
+#include <tapegrad/nn/upsample.h>

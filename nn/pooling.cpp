@@ -111,18 +111,8 @@ Tensor AdaptiveAvgPool2d::forward(const Tensor& x) { return functional::adaptive
 
 Flatten::Flatten(int64_t start, int64_t end) : start_dim(start), end_dim(end) {}
 Tensor Flatten::forward(const Tensor& x) {
-  const int64_t d = x.dim() == 0 ? 1 : x.dim();
-  const int64_t s = start_dim < 0 ? start_dim + d : start_dim, e = end_dim < 0 ? end_dim + d : end_dim;
-  TG_CHECK(s >= 0 && s < d && e >= 0 && e < d && s <= e, "Flatten: start_dim ", start_dim, " and end_dim ", end_dim,
-           " invalid for input of shape ", x.sizes());
-  if (x.dim() == 0) return x.reshape({1});
-  Shape shape;
-  for (int64_t i = 0; i < s; ++i) shape.push_back(x.sizes()[i]);
-  int64_t m = 1;
-  for (int64_t i = s; i <= e; ++i) m *= x.sizes()[i];
-  shape.push_back(m);
-  for (int64_t i = e + 1; i < x.dim(); ++i) shape.push_back(x.sizes()[i]);
-  return x.reshape(shape);
+  TG_CHECK(x.defined(), "Flatten: input is undefined");
+  return x.flatten(start_dim, end_dim);  // errors name flatten, start_dim, end_dim and the shape
 }
 
 }  // namespace tg::nn

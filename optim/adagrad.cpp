@@ -21,7 +21,7 @@ Adagrad::Adagrad(std::vector<ParamGroup<AdagradOptions>> groups, AdagradOptions 
 void Adagrad::init_state(const Tensor& p, double initial_accumulator_value) {
   ParamState& st = state_of(p);
   st["step"] = tg::zeros({}, TensorOptions().device(p.device()));
-  st["sum"] = tg::full(p.sizes(), initial_accumulator_value, p.options());
+  st["sum"] = detail::state_like(p, initial_accumulator_value);
 }
 
 void Adagrad::validate(const AdagradOptions& o) const {

@@ -48,14 +48,14 @@ void adam_step(GroupedOptimizer<O>& opt, bool decoupled, const StepArgs& args) {
           TG_CHECK(!step.defined() && !v.defined(), op, ": inconsistent state for a parameter of shape ", p.sizes(),
                    " (step/exp_avg_sq without exp_avg)");
           step = tg::zeros({}, TensorOptions().device(p.device()));
-          m = tg::zeros(p.sizes(), p.options());
-          v = tg::zeros(p.sizes(), p.options());
+          m = detail::state_like(p);
+          v = detail::state_like(p);
         }
         TG_CHECK(step.defined() && v.defined(), op, ": state of a parameter of shape ", p.sizes(),
                  " lacks step or exp_avg_sq");
         if (o.amsgrad) {
           Tensor& x = st["max_exp_avg_sq"];
-          if (!x.defined()) x = tg::zeros(p.sizes(), p.options());
+          if (!x.defined()) x = detail::state_like(p);
           xs.push_back(x);
         }
         steps.push_back(step);

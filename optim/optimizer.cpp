@@ -264,7 +264,7 @@ void Optimizer::load_state_dict(const StateDict& sd) {
     } else {
       TG_CHECK(t.sizes() == p.sizes(), op, ": '", key, "' has shape ", t.sizes(), " but parameter ", index,
                " has shape ", p.sizes());
-      value = t.to(p.device(), p.dtype()).contiguous().clone();
+      value = detail::in_layout_of(t.to(p.device(), p.dtype()), p).clone();
     }
     fresh[p.impl_ptr().get()][field] = value.detach();
   }
@@ -338,9 +338,19 @@ Tensor usable_grad(const char* op, const Tensor& param) {
   TG_CHECK(g.sizes() == param.sizes() && g.dtype() == param.dtype() && g.device() == param.device(), op,
            ": gradient ", g.dtype(), " ", g.sizes(), " on ", g.device(), " does not match its parameter ",
            param.dtype(), " ", param.sizes(), " on ", param.device());
-  TG_CHECK(param.is_contiguous(), op, ": parameter of shape ", param.sizes(), " with strides ", param.strides(),
-           " is not contiguous");
-  return g.is_contiguous() ? g : g.contiguous();
+  TG_CHECK(param.is_contiguous() || param.is_contiguous(MemoryFormat::ChannelsLast), op, ": parameter of shape ",
+           param.sizes(), " with strides ", param.strides(), " is neither contiguous nor channels-last");
+  return in_layout_of(g, param);
+}
+
+Tensor in_layout_of(const Tensor& t, const Tensor& param) {
+  if (param.is_contiguous()) return t.contiguous();
+  if (param.is_contiguous(MemoryFormat::ChannelsLast)) return t.contiguous(MemoryFormat::ChannelsLast);
+  return t.contiguous();
+}
+
+Tensor state_like(const Tensor& param, double value) {
+  return in_layout_of(tg::full(param.sizes(), value, param.options()), param);
 }
 
 void bump_version(const Tensor& t) { t.impl().storage->bump_version(); }

@@ -51,18 +51,18 @@ void RMSprop::step(const StepArgs& args) {
           TG_CHECK(!step.defined(), op, ": inconsistent state for a parameter of shape ", p.sizes(),
                    " (step without square_avg)");
           step = tg::zeros({}, TensorOptions().device(p.device()));
-          s = tg::zeros(p.sizes(), p.options());
+          s = detail::state_like(p);
         }
         TG_CHECK(step.defined(), op, ": state of a parameter of shape ", p.sizes(), " lacks step");
         // Created when first needed (also when a group's momentum / centered is switched on later).
         if (use_momentum) {
           Tensor& b = st["momentum_buffer"];
-          if (!b.defined()) b = tg::zeros(p.sizes(), p.options());
+          if (!b.defined()) b = detail::state_like(p);
           buf.push_back(b);
         }
         if (o.centered) {
           Tensor& a = st["grad_avg"];
-          if (!a.defined()) a = tg::zeros(p.sizes(), p.options());
+          if (!a.defined()) a = detail::state_like(p);
           ga.push_back(a);
         }
         steps.push_back(step);

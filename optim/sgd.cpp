@@ -50,7 +50,7 @@ void SGD::step(const StepArgs& args) {
           Tensor& buf = st["momentum_buffer"];
           Tensor& step = st["step"];
           if (!buf.defined()) {
-            buf = tg::zeros(p.sizes(), p.options());
+            buf = detail::state_like(p);
             step = tg::zeros({}, TensorOptions().device(p.device()));
           } else if (!step.defined()) {
             step = tg::ones({}, TensorOptions().device(p.device()));  // a loaded buffer is initialized

@@ -20,6 +20,11 @@ const float* device_scalar(const char* op, const Tensor& t, const char* what, De
 // The gradient of `param`, checked (same shape, dtype and device) and made
 // contiguous; undefined when the parameter has none (the step skips it).
 Tensor usable_grad(const char* op, const Tensor& param);
+// A per-parameter state tensor (momentum, moments) filled with `value`, laid out as the parameter
+// (row-major or channels-last), so the flat multi-tensor kernels see matching memory orders.
+Tensor state_like(const Tensor& param, double value = 0.0);
+// `t` (same shape as `param`) in param's layout.
+Tensor in_layout_of(const Tensor& t, const Tensor& param);
 // Marks in-place modification (autograd refuses stale saved tensors).
 void bump_version(const Tensor& t);
 

@@ -87,6 +87,38 @@ tg_setup_cuda() {
     export PATH="/usr/local/cuda/bin:$PATH"
   fi
   if command -v nvcc >/dev/null 2>&1; then TG_HAVE_NVCC=1; else TG_HAVE_NVCC=0; fi
+  [[ "$TG_HAVE_NVCC" == 1 ]] && tg_ensure_cudnn_frontend
+  return 0
+}
+
+# cudnn-frontend (NVIDIA's header-only C++ API over cuDNN's graph backend): its headers from
+# PyPI's nvidia-cudnn-frontend wheel, unpacked into the ignored .deps/cudnn_frontend/include
+# (CMake looks there). Offline machines (the GPU machine) get the folder through the device
+# tool's carry. Never fails the build: without the headers, CUDA convolution and cuDNN
+# attention raise tg::Error and everything else works.
+TG_CUDNN_FRONTEND_VERSION=1.32.0
+tg_ensure_cudnn_frontend() {
+  local dest="$TG_ROOT/.deps/cudnn_frontend" tmp
+  [[ -f "$dest/include/cudnn_frontend.h" ]] && return 0
+  command -v python3 >/dev/null 2>&1 || return 0
+  tg_log "fetching cudnn-frontend $TG_CUDNN_FRONTEND_VERSION headers into .deps/cudnn_frontend"
+  tmp="$(mktemp -d)"
+  rm -rf "$dest"
+  if python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+       --platform manylinux_2_28_x86_64 -d "$tmp" "nvidia-cudnn-frontend==$TG_CUDNN_FRONTEND_VERSION" >/dev/null 2>&1 &&
+     python3 - "$tmp" "$dest" <<'PY'
+import glob, os, sys, zipfile
+whl = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
+with zipfile.ZipFile(whl) as z:
+    for name in z.namelist():
+        if name.startswith("include/") and not name.endswith("/"):
+            z.extract(name, sys.argv[2] + ".part")
+os.replace(sys.argv[2] + ".part", sys.argv[2])
+PY
+  then :; else
+    tg_log "could not fetch cudnn-frontend: CUDA convolution and cuDNN attention will raise tg::Error"
+  fi
+  rm -rf "$tmp" "$dest.part"
 }
 
 # Sets TG_LAUNCHER_ARGS (compiler launchers for cmake) when ccache exists. The cache lives

@@ -153,6 +153,23 @@ Tensor permute(const Tensor& a, Shape dims) { return a.permute(std::move(dims));
 Tensor reshape(const Tensor& a, Shape shape) { return a.reshape(std::move(shape)); }
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) { return a.index_select(dim, index); }
 
+// ---- issue 17: flatten (a reshape; traced as one)
+Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
+  const int64_t d = dim() == 0 ? 1 : dim();
+  const int64_t s = start_dim < 0 ? start_dim + d : start_dim, e = end_dim < 0 ? end_dim + d : end_dim;
+  TG_CHECK(s >= 0 && s < d && e >= 0 && e < d && s <= e, "flatten: start_dim ", start_dim, " and end_dim ", end_dim,
+           " invalid for input of shape ", sizes());
+  if (dim() == 0) return reshape({1});
+  Shape shape;
+  for (int64_t i = 0; i < s; ++i) shape.push_back(sizes()[i]);
+  int64_t m = 1;
+  for (int64_t i = s; i <= e; ++i) m *= sizes()[i];
+  shape.push_back(m);
+  for (int64_t i = e + 1; i < dim(); ++i) shape.push_back(sizes()[i]);
+  return reshape(shape);
+}
+Tensor flatten(const Tensor& a, int64_t start_dim, int64_t end_dim) { return a.flatten(start_dim, end_dim); }
+
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   TG_AUTOCAST_LIST(Cat, tg::cat(tensors, dim), tensors);
   Tensor out = native::cat(tensors, dim);
@@ -212,6 +229,15 @@ Tensor Tensor::contiguous() const {
   if (!should_record(*this)) return out;
   return autograd::record_view("contiguous", *this, std::move(out),
                                [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
+}
+
+Tensor Tensor::contiguous(MemoryFormat format) const {
+  TG_CHECK(format != MemoryFormat::Preserve, "contiguous: MemoryFormat::Preserve is not a layout to copy into");
+  if (format == MemoryFormat::Contiguous) return contiguous();
+  TG_CHECK(dim() == 4, "contiguous(ChannelsLast): expected a 4-d [N, C, H, W] tensor, got shape ", sizes());
+  if (is_contiguous(format)) return *this;
+  // NHWC strides under the NCHW shape: a row-major copy of the NHWC permutation, permuted back.
+  return permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
 }
 
 Tensor Tensor::clone() const {

@@ -283,6 +283,16 @@ class Backend {
   // The backward is the same call on the gradient: the mask is regenerated, never stored.
   virtual void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset);
 
+  // ---- issue 18: fused attention (cuDNN SDPA on CUDA; core/native/attention.cpp). The forward
+  // writes out and (when defined) stats from SdpaArgs and returns true, or returns false having
+  // written nothing when the device has no fused kernel for these shapes (the default; the caller
+  // takes the math path). check_backward: also false when the backward for the same shapes (and
+  // the gradient layouts of SdpaArgs) is unsupported. The backward writes dq, dk, dv.
+  virtual bool sdpa_fused_forward(const struct SdpaArgs& a, const Tensor& out, const Tensor& stats,
+                                  bool check_backward);
+  virtual void sdpa_fused_backward(const struct SdpaArgs& a, const Tensor& out, const Tensor& stats,
+                                   const Tensor& grad_out, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
   // ---- issue 15: general ops (the defaults throw; core/native/general.cpp)
   // Along dim, over the positions p of index's shape (index: int64, any strides, values validated
   // in [0, size of dim)); the other operands are addressed by their own sizes and strides:
@@ -349,6 +359,17 @@ class Backend {
   // ---- issue 17: convolution (core/native/conv.cpp; the defaults throw)
   virtual void conv2d(const struct ConvArgs& a);
   virtual void conv2d_backward(const struct ConvBackwardArgs& a);
+  // Whether conv2d takes channels-last operands (NHWC strides) as they are; else the front-end
+  // passes row-major ones and converts the result back.
+  virtual bool conv_takes_channels_last() const { return false; }
+
+  // ---- issue 17: interpolate (core/native/interpolate.cpp; the defaults throw)
+  // out [planes, OH, OW] from x [planes, H, W] (struct Upsample2dArgs, core/backend/upsample_index.h),
+  // both contiguous of one floating dtype; linear interpolation accumulates in float (double for float64).
+  virtual void upsample2d(const struct Upsample2dArgs& a, const Tensor& out, const Tensor& x);
+  // grad_in [planes, H, W] (every element written) from grad_out [planes, OH, OW], both contiguous of
+  // one dtype: each input element gathers, in a fixed order, from the outputs that read it. No atomics.
+  virtual void upsample2d_backward(const struct Upsample2dArgs& a, const Tensor& grad_in, const Tensor& grad_out);
 };
 inline constexpr int kMaxAddN = 32;
 inline constexpr int kMaxGatherRows = 8;
@@ -376,6 +397,21 @@ struct NormBackwardArgs {
   bool rms = false;
 };
 
+// ---- issue 18: fused attention. q [B, Hq, Tq, D], k [B, Hk, Tk, D], v [B, Hk, Tk, Dv] (Hq a
+// multiple of Hk), one dtype (float16 / bfloat16), any strides with the last dim contiguous; bias:
+// additive [B or 1, Hq or 1, Tq, Tk] of q's dtype, finite, or undefined; causal: key j > query i
+// masked (top-left). Dropout on the probabilities with probability dropout_p from the device
+// tensors seed / offset (int64 [1, 1, 1, 1]; undefined when dropout_p is 0). out [B, Hq, Tq, Dv]
+// has the strides the caller allocated, grad_out out's, dq / dk / dv the strides named here (the
+// backward graph is checked at the forward); stats [B, Hq, Tq, 1] float32 contiguous (the softmax
+// statistics the backward reads).
+struct SdpaArgs {
+  Tensor q, k, v, bias, seed, offset;
+  Shape dq_strides, dk_strides, dv_strides;
+  double scale = 1, dropout_p = 0;
+  bool causal = false;
+};
+
 // ---- issue 17: pooling
 // A 2-d pooling over `planes` planes of H x W into OH x OW (validated by core/native/pooling.cpp).
 // Max: window rows oh * sh - ph + i * dh, i < kh (likewise columns), out-of-range cells skipped.
@@ -394,7 +430,8 @@ struct Pool2dArgs {
 // ---- issue 17: convolution
 // 2-d cross-correlation as PyTorch's conv2d: x contiguous [N, C, H, W]; weight contiguous
 // [Co, C / groups, KH, KW]; bias contiguous [Co] or undefined; out contiguous [N, Co, OH, OW],
-// all one floating dtype. Input pixel of output (oh, ow) and tap (i, j):
+// all one floating dtype. Where conv_takes_channels_last(), x, weight and out (and, backward,
+// grad_out, grad_x and grad_weight) may instead all be channels-last (NHWC strides). Input pixel of output (oh, ow) and tap (i, j):
 // (oh * stride[0] - pad[0] + i * dilation[0], ow * stride[1] - pad[1] + j * dilation[1]), zero
 // outside the input (the trailing padding is implied by OH, OW). N, Co, OH, OW >= 1.
 struct ConvArgs {
@@ -402,11 +439,28 @@ struct ConvArgs {
   int64_t stride[2] = {1, 1}, pad[2] = {0, 0}, dilation[2] = {1, 1};
   int64_t groups = 1;
 };
-// Its gradients from grad_out (contiguous, out's shape and dtype); each of grad_x ([N, C, H, W]),
-// grad_weight and grad_bias may be undefined (not wanted); defined ones are contiguous of x's dtype.
+// Its gradients from grad_out (contiguous, out's shape and dtype); grad_x ([N, C, H, W]) or
+// grad_weight may be undefined (not wanted); defined ones are contiguous of x's dtype. (The bias
+// gradient is a sum of grad_out, computed by the front-end with the reduce kernels.)
 struct ConvBackwardArgs {
   ConvArgs conv;  // x, weight as in the forward; out and bias unused
-  Tensor grad_out, grad_x, grad_weight, grad_bias;
+  Tensor grad_out, grad_x, grad_weight;
+};
+
+// ---- issue 17: conv_transpose, interpolate
+// conv_transpose uses conv2d / conv2d_backward as they are (core/native/conv.cpp): a backend must
+// read ConvBackwardArgs::conv.x only for grad_weight (its sizes give the geometry; conv_transpose's
+// forward passes the output being written there), and must take OH, OW from grad_out / out as given
+// (conv_transpose's output_padding can make the input one larger than OH, OW would imply).
+// interpolate over `planes` planes of H x W into OH x OW (PyTorch's upsample_nearest / upsample_bilinear
+// index formulas, CPU flavour: equal sizes copy, nearest at exactly twice the size halves the index).
+// scale_h / scale_w: the scale_factor the user gave for that dim, 0 when none (PyTorch's `scales`).
+enum class UpsampleMode : uint8_t { Nearest, Linear };
+struct Upsample2dArgs {
+  UpsampleMode mode = UpsampleMode::Nearest;
+  int64_t planes = 0, H = 0, W = 0, OH = 0, OW = 0;
+  bool align_corners = false;
+  double scale_h = 0, scale_w = 0;
 };
 
 Backend& get(DeviceType type);

@@ -140,6 +140,17 @@ void check_same_device(const char* op, std::initializer_list<const Tensor*> ts) 
   }
 }
 
+// The result of an elementwise op: channels-last (NHWC strides) when an input of the result's
+// 4-d shape is (and is not also row-major), so that images keep their memory format through
+// activations and residual adds, as in PyTorch; row-major otherwise.
+Tensor empty_out(const Shape& shape, DType dtype, Device device, std::initializer_list<const Tensor*> inputs) {
+  if (shape.size() == 4)
+    for (const Tensor* t : inputs)
+      if (t->sizes() == shape && !t->is_contiguous() && t->is_contiguous(MemoryFormat::ChannelsLast))
+        return empty_strided(shape, {shape[1] * shape[2] * shape[3], 1, shape[3] * shape[1], shape[1]}, dtype, device);
+  return empty(shape, dtype, device);
+}
+
 // Builds the iter for `out` (already allocated with the broadcast shape) and inputs
 // broadcastable to it. Size-1 dims are dropped; adjacent dims that are contiguous
 // in every operand are merged.
@@ -179,6 +190,22 @@ ElementwiseIter make_iter(const Tensor& out, std::initializer_list<const Tensor*
     shape[n] = out.sizes()[d];
     for (int o = 0; o < it.noperands; ++o) strides[o][n] = strides[o][d];
     ++n;
+  }
+  // A non-row-major out (a channels-last image, a transposed view written in place): visit its
+  // dims in memory order (strides descending, stable), so dense operands coalesce.
+  if (!out.is_contiguous()) {
+    int order[64];
+    for (int d = 0; d < n; ++d) order[d] = d;
+    std::stable_sort(order, order + n, [&](int p, int q) { return strides[0][p] > strides[0][q]; });
+    int64_t tshape[64], tstrides[backend::kMaxOperands][64];
+    for (int d = 0; d < n; ++d) {
+      tshape[d] = shape[order[d]];
+      for (int o = 0; o < it.noperands; ++o) tstrides[o][d] = strides[o][order[d]];
+    }
+    for (int d = 0; d < n; ++d) {
+      shape[d] = tshape[d];
+      for (int o = 0; o < it.noperands; ++o) strides[o][d] = tstrides[o][d];
+    }
   }
   int m = 0;  // coalesced count, building from the outermost
   for (int d = 0; d < n; ++d) {
@@ -258,7 +285,7 @@ Tensor unary(ElemOp op, const Tensor& a, double p0, double p1) {
   if (is_float_only(op) && !is_floating(compute)) compute = kFloat32;
   if (compute == kBool && op != ElemOp::Copy) compute = kInt64;
   Tensor in = as_dtype(a, compute);
-  Tensor out = empty(a.sizes(), is_comparison(op) ? kBool : compute, a.device());
+  Tensor out = empty_out(a.sizes(), is_comparison(op) ? kBool : compute, a.device(), {&a});
   ElementwiseIter it = make_iter(out, {&in}, name);
   it.dparams[0] = p0;
   it.dparams[1] = p1;
@@ -275,7 +302,7 @@ Tensor unary_to(ElemOp op, const Tensor& a, DType result, double p0, double p1) 
   const DType dtypes[] = {result, a.dtype()};
   if (!backend::has_mixed_form(op, dtypes))
     return as_dtype(unary(op, as_dtype(a, promote_types(a.dtype(), result)), p0, p1), result);
-  Tensor out = empty(a.sizes(), result, a.device());
+  Tensor out = empty_out(a.sizes(), result, a.device(), {&a});
   ElementwiseIter it = make_iter(out, {&a}, name);
   set_scalar(it, 0, kFloat32, Scalar(p0));
   set_scalar(it, 1, kFloat32, Scalar(p1));
@@ -291,7 +318,7 @@ Tensor binary(ElemOp op, const Tensor& a, const Tensor& b, double p0, double p1)
   if (compute == kBool && !(op == ElemOp::Eq || op == ElemOp::Ne)) compute = kInt64;  // bool arithmetic in int64
   Shape shape = detail::broadcast_shapes(a.sizes(), b.sizes(), name);
   Tensor x = as_dtype(a, compute), y = as_dtype(b, compute);
-  Tensor out = empty(shape, is_comparison(op) ? kBool : compute, a.device());
+  Tensor out = empty_out(shape, is_comparison(op) ? kBool : compute, a.device(), {&a, &b});
   ElementwiseIter it = make_iter(out, {&x, &y}, name);
   set_scalar(it, 0, compute, Scalar(p0));
   set_scalar(it, 1, compute, Scalar(p1));
@@ -311,7 +338,7 @@ Tensor binary_to(ElemOp op, const Tensor& a, const Tensor& b, DType result, doub
     return as_dtype(binary(op, as_dtype(a, compute), as_dtype(b, compute), p0, p1), result);
   }
   Shape shape = detail::broadcast_shapes(a.sizes(), b.sizes(), name);
-  Tensor out = empty(shape, result, a.device());
+  Tensor out = empty_out(shape, result, a.device(), {&a, &b});
   ElementwiseIter it = make_iter(out, {&a, &b}, name);
   set_scalar(it, 0, kFloat32, Scalar(p0));
   set_scalar(it, 1, kFloat32, Scalar(p1));
@@ -326,7 +353,7 @@ Tensor scalar_op(ElemOp op, const Tensor& a, Scalar s) {
   if (is_float_only(op) && !is_floating(compute)) compute = kFloat32;
   if (compute == kBool && !(op == ElemOp::EqScalar || op == ElemOp::NeScalar)) compute = kInt64;
   Tensor in = as_dtype(a, compute);
-  Tensor out = empty(a.sizes(), is_comparison(op) ? kBool : compute, a.device());
+  Tensor out = empty_out(a.sizes(), is_comparison(op) ? kBool : compute, a.device(), {&a});
   ElementwiseIter it = make_iter(out, {&in}, name);
   set_scalar(it, 0, compute, s);
   run(op, it);
@@ -339,7 +366,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   DType compute = result_type(a, b);
   Shape shape = detail::broadcast_shapes(detail::broadcast_shapes(cond.sizes(), a.sizes(), "where"), b.sizes(), "where");
   Tensor x = as_dtype(a, compute), y = as_dtype(b, compute);
-  Tensor out = empty(shape, compute, a.device());
+  Tensor out = empty_out(shape, compute, a.device(), {&a, &b, &cond});
   ElementwiseIter it = make_iter(out, {&cond, &x, &y}, "where");
   run(ElemOp::Where, it);
   return out;
@@ -466,7 +493,7 @@ Tensor to(const Tensor& a, Device device, DType dtype, bool non_blocking) {
     out = Tensor(std::make_shared<TensorImpl>(std::move(storage), a.sizes(), detail::contiguous_strides(a.sizes()),
                                               0, dtype));
   }
-  if (!out.defined()) out = empty(a.sizes(), dtype, device);
+  if (!out.defined()) out = a.device() == device ? empty_out(a.sizes(), dtype, device, {&a}) : empty(a.sizes(), dtype, device);
   copy_(out, a, non_blocking);
   return out;
 }

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -36,8 +37,10 @@ Proc run(const std::string& args, bool want_stdout = false) {
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
 
-const std::vector<std::string> kExamples = {"matmul",    "matmul_grad",  "standardize",    "train_regression",
-                                            "amp_train", "export_model", "custom_kernels", "classify"};
+const std::vector<std::string> kExamples = {"matmul", "matmul_grad", "standardize", "train_regression", "amp_train",
+                                            "export_model", "custom_kernels", "classify",
+                                            // ---- issue 17
+                                            "resnet", "cnn_digits"};
 
 bool has(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
@@ -65,6 +68,8 @@ TEST(ExampleCli, HelpExits0AndListsTheOptions) {
   EXPECT_TRUE(has(run("matmul_grad --help", true).text, "--size"));
   EXPECT_TRUE(has(run("classify --help", true).text, "--accum-steps"));
   EXPECT_TRUE(has(run("classify --help", true).text, "--metrics"));
+  EXPECT_TRUE(has(run("resnet --help", true).text, "--weight-decay"));
+  EXPECT_TRUE(has(run("cnn_digits --help", true).text, "--min-acc"));
 }
 
 TEST(ExampleCli, BadValuesAreUsageErrorsExit2) {
@@ -92,6 +97,17 @@ TEST(ExampleCli, BadValuesAreUsageErrorsExit2) {
       {"classify --synthetic 100 --x a.npy", "--synthetic"},
       {"classify --synthetic 100 --test-size -1", "--test-size"},
       {"train_regression extra", "extra"},
+      // ---- issue 17
+      {"resnet --device cpu", "give --synthetic N or --input FILE"},
+      {"resnet --synthetic 2 --batch 0", "--batch"},
+      {"resnet --synthetic 2 --amp fp8", "--amp"},
+      {"resnet --synthetic 2 --image-size 16", "--image-size"},
+      {"resnet --synthetic 2 --input b.safetensors", "--synthetic"},
+      {"resnet --synthetic 2 --steps 3", "--steps"},
+      {"resnet --synthetic 2 --device cpu --amp fp16", "--amp fp16 needs --device cuda"},
+      {"cnn_digits --epochs 2", "--x and --y are required"},
+      {"cnn_digits --synthetic 100 --min-acc 2", "--min-acc"},
+      {"cnn_digits --synthetic 100 --x a.npy", "--synthetic"},
   };
   for (const auto& [args, needle] : cases) {
     const Proc r = run(args);
@@ -106,7 +122,10 @@ TEST(ExampleCli, CudaWithoutADeviceIsAnErrorNotACpuRun) {
   if (tg::cuda::is_available()) GTEST_SKIP() << "a CUDA device is usable here";
   for (const auto& ex : kExamples) {
     for (const char* name : {"cuda", "gpu"}) {
-      const Proc r = run(ex + " --device " + name + (ex == "classify" ? " --synthetic 100" : ""));
+      const Proc r = run(ex + " --device " + name +
+                         (ex == "classify" || ex == "cnn_digits" ? " --synthetic 100"
+                          : ex == "resnet"                       ? " --synthetic 1"
+                                                                 : ""));
       EXPECT_EQ(r.code, 2) << ex << " --device " << name << ": " << r.text;
       EXPECT_TRUE(has(r.text, std::string("--device ") + name + ": no usable CUDA device")) << ex << ": " << r.text;
     }
@@ -148,6 +167,53 @@ TEST(ExampleCli, ClassifySyntheticWritesAParseableMetricsLog) {
   EXPECT_EQ(again.code, 2) << again.text;
   EXPECT_TRUE(has(again.text, "exists")) << again.text;
   fs::remove_all(dir);
+}
+
+// ---- issue 17: resnet's synthetic training and checkpoint; cnn_digits learning synthetic digits.
+TEST(ExampleCli, ResnetSyntheticWritesMetricsAndATorchvisionCheckpoint) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("tg_cli_resnet_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string log = (dir / "m.jsonl").string(), ck = (dir / "r18.safetensors").string();
+  const Proc r = run(
+      "resnet --synthetic 2 --batch 4 --num-classes 7 --device cpu --no-progress --metrics " + log + " --save " + ck,
+      true);
+  ASSERT_EQ(r.code, 0) << r.text;
+  EXPECT_TRUE(has(r.text, "11180103 parameters")) << r.text;  // 11,689,512 - 513 * (1000 - 7)
+  EXPECT_TRUE(has(r.text, "resnet18: 2 steps of batch 4")) << r.text;
+  std::ifstream in(log);
+  std::vector<nlohmann::json> recs;
+  for (std::string line; std::getline(in, line);) recs.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(recs.size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(recs[s]["step"].get<int>(), s);
+    EXPECT_TRUE(std::isfinite(recs[s]["train_loss"].get<double>()));
+    EXPECT_DOUBLE_EQ(recs[s]["lr"].get<double>(), 0.1);
+  }
+  const tg::nn::StateDict sd = tg::load(ck);
+  EXPECT_EQ(sd.size(), 122u);
+  EXPECT_EQ(sd.at("fc.weight").sizes(), tg::Shape({7, 512}));
+  EXPECT_EQ(sd.at("layer4.0.downsample.0.weight").sizes(), tg::Shape({512, 256, 1, 1}));
+  EXPECT_EQ(sd.at("bn1.num_batches_tracked").item<int64_t>(), 2);  // two training steps
+  // The checkpoint loads back (--load) and the training continues from it.
+  const Proc again = run("resnet --synthetic 1 --batch 2 --num-classes 7 --device cpu --quiet --load " + ck);
+  EXPECT_EQ(again.code, 0) << again.text;
+  // A checkpoint of another class count is refused, naming the tensor.
+  const Proc wrong = run("resnet --synthetic 1 --batch 2 --num-classes 10 --device cpu --quiet --load " + ck);
+  EXPECT_EQ(wrong.code, 1) << wrong.text;
+  EXPECT_TRUE(has(wrong.text, "fc.weight")) << wrong.text;
+  fs::remove_all(dir);
+}
+
+TEST(ExampleCli, CnnDigitsLearnsSyntheticDigits) {
+  const Proc r = run("cnn_digits --synthetic 2000 --epochs 3 --device cpu --no-progress --min-acc 0.9", true);
+  ASSERT_EQ(r.code, 0) << r.text;
+  EXPECT_TRUE(has(r.text, "1600 train / 400 test images 1x8x8")) << r.text;
+  EXPECT_TRUE(has(r.text, "epoch 3/3 train_loss")) << r.text;
+  // --min-acc above what 1 epoch reaches fails the run (exit 1).
+  const Proc low = run("cnn_digits --synthetic 500 --epochs 1 --device cpu --no-progress --min-acc 0.999");
+  EXPECT_EQ(low.code, 1) << low.text;
+  EXPECT_TRUE(has(low.text, "< --min-acc")) << low.text;
 }
 
 // ---- issue 18: examples/gpt2's command line: usage errors exit 2, bad data exits 1 naming the

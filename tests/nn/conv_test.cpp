@@ -78,25 +78,29 @@ std::vector<double> randv(size_t n, uint64_t seed) {
 }
 
 // Forward and all three gradients of conv2d in `dt` against ref_conv.
-void check_conv2d(const Case& k, DType dt, double tol) {
+void check_conv2d(const Case& k, DType dt, double tol, Device dev = kCPU, bool channels_last = false) {
   SCOPED_TRACE(::testing::Message() << "n" << k.n << " c" << k.c << " " << k.h << "x" << k.w << " co" << k.co << " k"
                                     << k.kh << "x" << k.kw << " s" << k.sh << "," << k.sw << " p" << k.ph << "," << k.pw
                                     << " d" << k.dh << "," << k.dw << " g" << k.groups << " same" << k.same << " "
-                                    << dtype_name(dt));
+                                    << dtype_name(dt) << " " << dev << (channels_last ? " channels_last" : ""));
   const auto xv = randv(static_cast<size_t>(k.n * k.c * k.h * k.w), 1);
   const auto wv = randv(static_cast<size_t>(k.co * (k.c / k.groups) * k.kh * k.kw), 2);
   const auto bv = k.bias ? randv(static_cast<size_t>(k.co), 3) : std::vector<double>{};
   const Ref r0 = ref_conv(k, xv, wv, bv);
   const auto gv = randv(r0.y.size(), 4);
   const Ref r = ref_conv(k, xv, wv, bv, gv);
-  auto x = tg::tensor(xv, {k.n, k.c, k.h, k.w}).to(dt).requires_grad_();
-  auto w = tg::tensor(wv, {k.co, k.c / k.groups, k.kh, k.kw}).to(dt).requires_grad_();
-  Tensor b = k.bias ? tg::tensor(bv, {k.co}).to(dt).requires_grad_() : Tensor();
-  auto y = F::conv2d(x, w, b, opts2(k));
+  auto x = tg::tensor(xv, {k.n, k.c, k.h, k.w}).to(dev, dt).requires_grad_();
+  auto w = tg::tensor(wv, {k.co, k.c / k.groups, k.kh, k.kw}).to(dev, dt).requires_grad_();
+  Tensor b = k.bias ? tg::tensor(bv, {k.co}).to(dev, dt).requires_grad_() : Tensor();
+  auto xin = channels_last ? x.contiguous(MemoryFormat::ChannelsLast) : x;
+  auto y = F::conv2d(xin, channels_last ? w.contiguous(MemoryFormat::ChannelsLast) : w, b, opts2(k));
   ASSERT_EQ(y.sizes(), (Shape{k.n, k.co, r.oh, r.ow}));
   ASSERT_EQ(y.dtype(), dt);
+  ASSERT_EQ(y.device(), x.device());
+  if (channels_last) EXPECT_TRUE(y.is_contiguous(MemoryFormat::ChannelsLast)) << y.strides();
   expect_near_vec(host(y), r.y, tol, tol, "y");
-  y.backward(tg::tensor(gv, y.sizes()).to(dt));
+  Tensor gy = tg::tensor(gv, y.sizes()).to(dev, dt);
+  y.backward(channels_last ? gy.contiguous(MemoryFormat::ChannelsLast) : gy);
   expect_near_vec(host(x.grad()), r.gx, tol, tol, "grad x");
   expect_near_vec(host(w.grad()), r.gw, tol, tol, "grad weight");
   if (k.bias) expect_near_vec(host(b.grad()), r.gb, tol, tol, "grad bias");
@@ -377,11 +381,66 @@ TEST(Conv2d, AutocastLowersOnCpu) {
   EXPECT_EQ(w.grad().sizes(), w.sizes());
 }
 
-TEST(Conv2d, CudaSaysNotBuilt) {
+// Channels-last (NHWC strides) on the CPU: the same values and gradients, and the layout kept.
+TEST(Conv2d, ChannelsLastOnCpuKeepsLayout) {
+  for (const Case& k : cases())
+    if (!k.same || k.kh % 2) check_conv2d(k, kFloat64, 1e-12, kCPU, true);
+}
+
+// cuDNN (issue 17): every case in float32 with TF32 off against the float64 loop, NCHW and NHWC;
+// float16 / bfloat16 (float32 accumulation) within their rounding; TF32 within its 10-bit inputs.
+TEST(Conv2d, CudnnMatchesDirectLoop) {
   if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  auto x = tg::randn({1, 2, 4, 4}, kCUDA);
-  auto w = tg::randn({2, 2, 3, 3}, kCUDA);
-  expect_error([&] { F::conv2d(x, w); }, {"conv2d", "CUDA path not built yet"});
+  if (!tg::backends::cudnn::is_available()) {
+    expect_error([&] { F::conv2d(tg::randn({1, 2, 4, 4}, kCUDA), tg::randn({2, 2, 3, 3}, kCUDA)); },
+                 {"conv2d", "without cuDNN"});
+    return;
+  }
+  EXPECT_GE(tg::backends::cudnn::version(), 90000);
+  tg::backends::cudnn::set_allow_tf32(false);
+  for (const Case& k : cases()) {
+    check_conv2d(k, kFloat32, 1e-4, kCUDA, false);
+    check_conv2d(k, kFloat32, 1e-4, kCUDA, true);
+  }
+  tg::backends::cudnn::set_allow_tf32(true);
+  Case h{.n = 4, .c = 8, .h = 9, .w = 7, .co = 16, .kh = 3, .kw = 3, .ph = 1, .pw = 1};
+  check_conv2d(h, kFloat32, 2e-2, kCUDA, true);  // TF32
+  for (bool cl : {false, true}) {
+    check_conv2d(h, kFloat16, 2e-2, kCUDA, cl);
+    check_conv2d(h, kBFloat16, 0.15, kCUDA, cl);
+  }
+  Case dw{.n = 3, .c = 8, .h = 10, .w = 10, .co = 8, .kh = 3, .kw = 3, .ph = 1, .pw = 1, .groups = 8};
+  check_conv2d(dw, kFloat16, 2e-2, kCUDA, true);
+}
+
+// Autotune (set_benchmark) picks among engines; the answer stays the same.
+TEST(Conv2d, CudnnBenchmarkModeSameAnswer) {
+  if (!tg::cuda::is_available() || !tg::backends::cudnn::is_available()) GTEST_SKIP() << "no cuDNN on a GPU";
+  tg::manual_seed(3);
+  auto x = tg::randn({8, 16, 12, 12}, kCUDA).to(kFloat16).contiguous(MemoryFormat::ChannelsLast);
+  auto w = tg::randn({32, 16, 3, 3}, kCUDA).to(kFloat16);
+  auto ref = host(F::conv2d(x, w, Tensor(), {.padding = 1}).to(kFloat32));
+  tg::backends::cudnn::set_benchmark(true);
+  auto tuned = host(F::conv2d(x, w, Tensor(), {.padding = 1}).to(kFloat32));
+  auto again = host(F::conv2d(x, w, Tensor(), {.padding = 1}).to(kFloat32));
+  tg::backends::cudnn::set_benchmark(false);
+  expect_near_vec(tuned, ref, 2e-2, 2e-2, "tuned");
+  expect_near_vec(again, tuned, 0, 0, "second run");
+}
+
+// conv1d on CUDA goes through the same 2-d cuDNN graphs.
+TEST(Conv1d, CudnnMatchesCpu) {
+  if (!tg::cuda::is_available() || !tg::backends::cudnn::is_available()) GTEST_SKIP() << "no cuDNN on a GPU";
+  tg::backends::cudnn::set_allow_tf32(false);
+  tg::manual_seed(5);
+  auto x = tg::randn({3, 4, 20}, kFloat64);
+  auto w = tg::randn({6, 2, 5}, kFloat64);
+  auto b = tg::randn({6}, kFloat64);
+  auto ref = F::conv1d(x, w, b, {.stride = 2, .padding = 3, .dilation = 2, .groups = 2});
+  auto y = F::conv1d(x.to(kCUDA, kFloat32), w.to(kCUDA, kFloat32), b.to(kCUDA, kFloat32),
+                     {.stride = 2, .padding = 3, .dilation = 2, .groups = 2});
+  tg::backends::cudnn::set_allow_tf32(true);
+  expect_near_vec(host(y.to(kFloat64)), host(ref), 1e-4, 1e-4, "conv1d");
 }
 
 }  // namespace

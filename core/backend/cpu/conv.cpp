@@ -235,18 +235,6 @@ void conv2d_backward_typed(const backend::ConvBackwardArgs& b, const Geom& g) {
       gw[i] = static_cast<T>(v);
     }
   }
-
-  if (b.grad_bias.defined()) {
-    T* gb = static_cast<T*>(b.grad_bias.data_ptr());
-    for (int64_t c = 0; c < g.co; ++c) {
-      A v(0);
-      for (int64_t s = 0; s < g.n; ++s) {
-        const T* row = gy + s * ysz + c * L;
-        for (int64_t l = 0; l < L; ++l) v += static_cast<A>(row[l]);
-      }
-      gb[c] = static_cast<T>(v);
-    }
-  }
 }
 
 }  // namespace

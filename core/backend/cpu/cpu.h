@@ -91,6 +91,10 @@ void batch_norm_backward_elemt(const Tensor& dx, const Tensor& dy, const Tensor&
 void conv2d(const backend::ConvArgs& a);
 void conv2d_backward(const backend::ConvBackwardArgs& a);
 
+// ---- issue 17: interpolate (upsample.cpp)
+void upsample2d(const backend::Upsample2dArgs& a, const Tensor& out, const Tensor& x);
+void upsample2d_backward(const backend::Upsample2dArgs& a, const Tensor& grad_in, const Tensor& grad_out);
+
 // Name of an elementwise op for error messages.
 const char* op_name(backend::ElemOp op);
 

@@ -141,6 +141,13 @@ class CpuBackend final : public backend::Backend {
   // ---- issue 17: convolution
   void conv2d(const backend::ConvArgs& a) override { cpu::conv2d(a); }
   void conv2d_backward(const backend::ConvBackwardArgs& a) override { cpu::conv2d_backward(a); }
+  // ---- issue 17: interpolate
+  void upsample2d(const backend::Upsample2dArgs& a, const Tensor& out, const Tensor& x) override {
+    cpu::upsample2d(a, out, x);
+  }
+  void upsample2d_backward(const backend::Upsample2dArgs& a, const Tensor& grad_in, const Tensor& grad_out) override {
+    cpu::upsample2d_backward(a, grad_in, grad_out);
+  }
 };
 
 }  // namespace

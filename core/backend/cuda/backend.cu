@@ -155,6 +155,14 @@ class CudaBackend final : public Backend {
     cuda::detail::DeviceGuard guard(device_of(x));
     cuda::kern::dropout(out, x, p, scale, seed, offset);
   }
+  // ---- issue 18: fused attention (cuDNN, attention_cudnn.cpp); its guard is there
+  bool sdpa_fused_forward(const SdpaArgs& a, const Tensor& out, const Tensor& stats, bool check_backward) override {
+    return cuda::kern::sdpa_fused_forward(a, out, stats, check_backward);
+  }
+  void sdpa_fused_backward(const SdpaArgs& a, const Tensor& out, const Tensor& stats, const Tensor& grad_out,
+                           const Tensor& dq, const Tensor& dk, const Tensor& dv) override {
+    cuda::kern::sdpa_fused_backward(a, out, stats, grad_out, dq, dk, dv);
+  }
   // ---- issue 15: general ops
   void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index) override {
     if (out.numel() == 0) return;
@@ -204,6 +212,10 @@ class CudaBackend final : public Backend {
     cuda::detail::DeviceGuard guard(device_of(tensors.front()));
     cuda::kern::multi_tensor_clamp(tensors, lo, hi);
   }
+  // ---- issue 17: convolution (cuDNN, conv_cudnn.cpp); its guard is there
+  void conv2d(const ConvArgs& a) override { cuda::kern::conv2d(a); }
+  void conv2d_backward(const ConvBackwardArgs& a) override { cuda::kern::conv2d_backward(a); }
+  bool conv_takes_channels_last() const override { return true; }
   // ---- issue 17: batch_norm
   void batch_norm_stats(const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
                         const Tensor& var) override {
@@ -225,6 +237,17 @@ class CudaBackend final : public Backend {
                                  const Tensor& mean_dy_xhat) override {
     cuda::detail::DeviceGuard guard(device_of(x));
     cuda::kern::batch_norm_backward_elemt(dx, dy, x, n, c, s, mean, invstd, scale, mean_dy, mean_dy_xhat);
+  }
+  // ---- issue 17: interpolate
+  void upsample2d(const backend::Upsample2dArgs& a, const Tensor& out, const Tensor& x) override {
+    if (out.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(x));
+    cuda::kern::upsample2d(a, out, x);
+  }
+  void upsample2d_backward(const backend::Upsample2dArgs& a, const Tensor& grad_in, const Tensor& grad_out) override {
+    if (grad_in.numel() == 0) return;
+    cuda::detail::DeviceGuard guard(device_of(grad_in));
+    cuda::kern::upsample2d_backward(a, grad_in, grad_out);
   }
 };
 

@@ -36,6 +36,10 @@ void norm_backward(const backend::NormBackwardArgs& a);
 void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset);
 void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx,
                         bool deterministic);  // embedding.cu
+// ---- issue 18: fused attention through cuDNN (attention_cudnn.cpp; false / tg::Error without cuDNN)
+bool sdpa_fused_forward(const backend::SdpaArgs& a, const Tensor& out, const Tensor& stats, bool check_backward);
+void sdpa_fused_backward(const backend::SdpaArgs& a, const Tensor& out, const Tensor& stats, const Tensor& grad_out,
+                         const Tensor& dq, const Tensor& dk, const Tensor& dv);
 
 // ---- issue 15: general ops
 void gather(const Tensor& out, const Tensor& in, int64_t dim, const Tensor& index);  // scatter_gather.cu
@@ -63,5 +67,13 @@ void batch_norm_reduce(const Tensor& dy, const Tensor& x, int64_t n, int64_t c, 
 void batch_norm_backward_elemt(const Tensor& dx, const Tensor& dy, const Tensor& x, int64_t n, int64_t c, int64_t s,
                                const Tensor& mean, const Tensor& invstd, const Tensor& scale, const Tensor& mean_dy,
                                const Tensor& mean_dy_xhat);
+
+// ---- issue 17: convolution through cuDNN (conv_cudnn.cpp; tg::Error when built without it)
+void conv2d(const backend::ConvArgs& a);
+void conv2d_backward(const backend::ConvBackwardArgs& a);
+
+// ---- issue 17: interpolate (upsample.cu)
+void upsample2d(const backend::Upsample2dArgs& a, const Tensor& out, const Tensor& x);
+void upsample2d_backward(const backend::Upsample2dArgs& a, const Tensor& grad_in, const Tensor& grad_out);
 
 }  // namespace tg::cuda::kern

@@ -70,3 +70,8 @@ void empty_cache() {}
 
 }  // namespace cuda
 }  // namespace tg
+
+namespace tg::backends::cudnn {
+bool is_available() { return false; }
+int version() { return 0; }
+}  // namespace tg::backends::cudnn
