@@ -58,21 +58,6 @@ struct Config {
   }
 };
 
-// ==== TEMPORARY (swap for tg::nn::functional::scaled_dot_product_attention(q, k, v,
-// {.dropout_p = p, .is_causal = true}) once nn/attention.h is on main) ====
-// Causal softmax(q kᵀ / √D) v on [B, H, T, D], composed of matmul, masked_fill and softmax.
-inline tg::Tensor causal_attention(const tg::Tensor& q, const tg::Tensor& k, const tg::Tensor& v, double dropout_p,
-                                   bool training) {
-  const int64_t T = q.size(2);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  tg::Tensor att = tg::matmul(q, k.transpose(-2, -1)) * scale;
-  const tg::Tensor future = tg::ones({T, T}, tg::TensorOptions().dtype(tg::kBool).device(q.device())).triu(1);
-  att = tg::softmax(att.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
-  att = tg::nn::functional::dropout(att, dropout_p, training && dropout_p > 0);
-  return tg::matmul(att, v);
-}
-// ==== end TEMPORARY ====
-
 // Multi-head causal self-attention: one Linear for q, k, v (c_attn), one for the output (c_proj).
 class CausalSelfAttention : public tg::nn::Module {
  public:
@@ -84,7 +69,9 @@ class CausalSelfAttention : public tg::nn::Module {
     const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / n_head;
     const tg::Tensor qkv = (*c_attn)(x);  // [B, T, 3C]
     auto heads = [&](int64_t i) { return qkv.slice(2, i * C, (i + 1) * C).reshape({B, T, n_head, D}).transpose(1, 2); };
-    const tg::Tensor y = causal_attention(heads(0), heads(1), heads(2), dropout, is_training());  // [B, H, T, D]
+    // [B, H, T, D]: cuDNN's fused flash attention on CUDA in bf16 / fp16, the math path otherwise.
+    const tg::Tensor y = tg::nn::functional::scaled_dot_product_attention(
+        heads(0), heads(1), heads(2), {.dropout_p = is_training() ? dropout : 0.0, .is_causal = true});
     const tg::Tensor out = (*c_proj)(y.transpose(1, 2).reshape({B, T, C}));
     return tg::nn::functional::dropout(out, dropout, is_training() && dropout > 0);
   }
