@@ -11,7 +11,9 @@
 namespace tg {
 
 using autograd::FunctionNode;
+using autograd::kDifferentiable;
 using autograd::record;
+using autograd::Saved;
 using autograd::SavedTensor;
 using autograd::should_record;
 using backend::ElemOp;
@@ -25,10 +27,15 @@ Tensor softmax_impl(const Tensor& a, int64_t dim, bool log) {
   if (detail::Tracer* tracer = detail::tls_tracer) [[unlikely]]
     tracer->record(log ? OpKind::LogSoftmax : OpKind::Softmax, out, {a}, {{"dim", dim}});
   if (!should_record(a)) return out;
-  SavedTensor sy(out, name);
+  SavedTensor sy(out, name, Saved::kOutput);
   return record(name, {a}, std::move(out), [sy, dim, log](const Tensor& g, const FunctionNode&) -> Grads {
+    if (autograd::creating_graph()) {  // the kernel's formulas, recorded
+      Tensor y = sy.unpack();
+      if (log) return {tg::sub(g, tg::mul(tg::exp(y), g.sum(DimList{dim}, true)))};
+      return {tg::mul(y, tg::sub(g, tg::mul(g, y).sum(DimList{dim}, true)))};
+    }
     return {native::softmax_backward(g, sy.unpack(), dim, log)};
-  });
+  }, kDifferentiable);
 }
 
 // The keepdim form of a reduced tensor (size-1 dims re-inserted where dims were reduced).
