@@ -42,7 +42,7 @@ Tensor softmax_impl(const Tensor& a, int64_t dim, bool log) {
 Tensor keepdim_view(const Tensor& g, const std::vector<int64_t>& dims, bool keepdim) {
   Tensor t = g;
   if (!keepdim)
-    for (int64_t d : dims) t = native::unsqueeze(t, d);
+    for (int64_t d : dims) t = autograd::bw::unsqueeze(t, d);
   return t;
 }
 }  // namespace
@@ -90,11 +90,19 @@ Tensor logsumexp(const Tensor& a, DimList dims, bool keepdim) {
   const DType in_dtype = a.dtype();
   return record("logsumexp", {a}, std::move(out),
                 [sx, sl, rd, keepdim, in_dtype](const Tensor& g, const FunctionNode&) -> Grads {
+                  if (autograd::creating_graph()) {  // p = exp(x - logsumexp(x)) recomputed with recorded ops
+                    Tensor x = sx.unpack();
+                    // x is the input itself unless it was widened (a copy without history).
+                    TG_CHECK(x.dtype() == in_dtype, "logsumexp: double backward not implemented for ", in_dtype,
+                             " inputs");
+                    Tensor p = tg::exp(tg::sub(x, x.logsumexp(DimList(rd), true)));
+                    return {tg::mul(p, keepdim_view(g, rd, keepdim).to(p.dtype())).to(in_dtype)};
+                  }
                   Tensor p = native::unary(ElemOp::Exp, native::sub(sx.unpack(), sl.unpack()));
                   Tensor gk = native::to(keepdim_view(g, rd, keepdim), p.device(), p.dtype());
                   Tensor gi = native::mul(p, gk);
                   return {native::to(gi, gi.device(), in_dtype)};
-                });
+                }, kDifferentiable);
 }
 
 Tensor Tensor::softmax(int64_t dim) const { return tg::softmax(*this, dim); }
