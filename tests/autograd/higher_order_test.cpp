@@ -220,6 +220,30 @@ TEST(HigherOrder, GradientPenaltyIntoWeightsMatchesFiniteDifferences) {
   }
 }
 
+// WGAN-GP style: a critic trained on -mean D(real) + mean D(fake) + 10 * penalty at interpolates with
+// SGD; the penalty's gradient reaches the weights through double backward, and the penalty term
+// (initially far from 0: |grad| is not near 1) falls.
+TEST(HigherOrder, GradientPenaltyTrains) {
+  tg::manual_seed(3);
+  std::vector<Tensor> w = {rand_leaf({8, 2}, -1.5, 1.5, 41), rand_leaf({8}, -0.5, 0.5, 42), rand_leaf({8}, -1.5, 1.5, 43)};
+  tg::optim::SGD opt(w, {.lr = 0.02});
+  Tensor real = tg::tensor<double>(values(32 * 2, 0.5, 1.5, 44), f64()).reshape({32, 2});
+  Tensor fake = tg::tensor<double>(values(32 * 2, -1.5, -0.5, 45), f64()).reshape({32, 2});
+  Tensor mix = tg::tensor<double>(values(32, 0, 1, 46), f64()).reshape({32, 1});
+  Tensor inter = real * mix + fake * (1.0 - mix);
+  auto term = [&] { return penalty(w, inter).item<double>(); };
+  const double first = term();
+  for (int step = 0; step < 150; ++step) {
+    opt.zero_grad();
+    Tensor loss = critic(w, fake) / 32.0 - critic(w, real) / 32.0 + penalty(w, inter) * 10.0;
+    loss.backward();
+    opt.step();
+  }
+  const double last = term();
+  EXPECT_GT(first, 0.05);
+  EXPECT_LT(last, 0.25 * first) << "penalty " << first << " -> " << last;
+}
+
 // ---- autograd::grad's options and backward(create_graph)
 TEST(HigherOrder, GradOutputsAndDerivativeWithRespectToThem) {
   Tensor x = leaf({1, -2, 3}, {3});
