@@ -365,6 +365,18 @@ TEST(HigherOrder, OpWithoutDoubleBackwardThrowsNamingIt) {
   EXPECT_NE(e.find("double backward not implemented"), std::string::npos) << e;
 }
 
+// padding_idx (which gradcheck cannot check: the row's value counts, its gradient is 0 by rule)
+// holds in every order: y = sum(emb^2) has dy/dw_r = 2 count_r w_r off the padding row.
+TEST(HigherOrder, EmbeddingPaddingRowGetsNoGradientInAnyOrder) {
+  Tensor w = leaf({1, -2, 3, 0.5, 4, 5}, {3, 2});
+  Tensor idx = tg::tensor<int64_t>({0, 2, 2, 1}, kInt64);
+  Tensor y = tg::nn::functional::embedding(idx, w, {.padding_idx = 2}).pow(2).sum();
+  auto g = tg::autograd::grad({y}, {w}, GradOptions{.create_graph = true});
+  expect_near_vec(host(g[0]), {2, -4, 6, 1, 0, 0}, 0, 0, "2 w_r, padding row 0");
+  auto h = tg::autograd::grad({g[0].sum()}, {w});
+  expect_near_vec(host(h[0]), {2, 2, 2, 2, 0, 0}, 0, 0, "2, padding row 0");
+}
+
 // ---- gradgradcheck over the ops that support double backward
 struct OpCase {
   const char* name;
@@ -439,6 +451,11 @@ std::vector<OpCase> op_cases() {
       {"index_add", {{4, 2}, {3, 2}},
        [](auto& a) {
          return a[0].index_add(0, tg::tensor<int64_t>({3, 0, 3}, kInt64), a[1] * a[1], 0.5).pow(2);
+       }},
+      {"embedding (padding_idx of an unused row: gradcheck cannot see the rule)", {{5, 3}},
+       [](auto& a) {
+         Tensor idx = tg::tensor<int64_t>({0, 2, 4, 2, 1, 4}, kInt64).reshape({2, 3});
+         return F::embedding(idx, a[0] * a[0], {.padding_idx = 3}).pow(2) * F::embedding(idx, a[0]);
        }},
       {"cumsum", {{3, 4}}, [](auto& a) { return (a[0] * a[0]).cumsum(1) * a[0]; }},
       {"sort, topk", {{3, 5}},
