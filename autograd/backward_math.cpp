@@ -52,6 +52,8 @@ Tensor second_derivative(const char* op, ElemOp bwd, const Tensor& g, const Tens
     case ElemOp::ClampBackward:
     case ElemOp::LeakyReluBackward:
       return Tensor();
+    case ElemOp::Mul:  // g y (exp_'s backward, y its result) -> g
+      return g;
     case ElemOp::SigmoidBackward:  // g y (1 - y) -> g (1 - 2 y)
       return tg::mul(g, tg::rsub(tg::mul(s, 2.0), 1.0));
     case ElemOp::TanhBackward:  // g (1 - y^2) -> -2 g y

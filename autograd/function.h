@@ -143,7 +143,8 @@ Tensor alias(const Tensor& t);
 // and `others`, becomes self's history; for a view (TensorImpl::view_base) it is wrapped in a
 // CopySlices node that becomes the base's history, and the view's own history becomes its region
 // of that (PyTorch's rebase_history). A backward that reads the result saves it before this call.
-void rebase_history(const char* name, const Tensor& self, std::initializer_list<Tensor> others, BackwardFn fn);
+void rebase_history(const char* name, const Tensor& self, std::initializer_list<Tensor> others, BackwardFn fn,
+                    Backward kind = Backward::kFirstOrder);
 // Notes on a view that a public view method just made from `input` (if it shares its storage):
 // its base and version, and the grad mode (see TensorImpl::view_base). Returns out.
 Tensor mark_view(const Tensor& input, Tensor out);

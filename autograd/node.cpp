@@ -354,9 +354,10 @@ bool detail::check_inplace_recorded(const Tensor& self, const char* op, std::ini
   return true;
 }
 
-void rebase_history(const char* name, const Tensor& self, std::initializer_list<Tensor> others, BackwardFn fn) {
+void rebase_history(const char* name, const Tensor& self, std::initializer_list<Tensor> others, BackwardFn fn,
+                    Backward kind) {
   if (!is_floating(self.dtype())) return;
-  auto node = std::make_shared<FunctionNode>(name, std::move(fn));
+  auto node = std::make_shared<FunctionNode>(name, std::move(fn), kind);
   node->next_edges.reserve(others.size() + 1);
   node->next_edges.push_back(current_edge(self));
   for (const Tensor& o : others) node->next_edges.push_back(current_edge(o));
