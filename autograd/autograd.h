@@ -82,7 +82,7 @@ struct InputMeta {
 
 // A step of the backward graph: takes one gradient per forward output, returns
 // one gradient per next edge (undefined when that input needs none).
-class Node {
+class Node : public std::enable_shared_from_this<Node> {
  public:
   Node() = default;
   Node(const Node&) = delete;
@@ -93,6 +93,11 @@ class Node {
   virtual const char* name() const = 0;
   // Frees saved tensors once backward has used them (unless retain_graph).
   virtual void release_saved() {}
+  // Whether apply() records its own computation when grad mode is on (backward with
+  // create_graph), so that its results can be differentiated again. The engine runs any other
+  // node without recording and gives its results a "NotImplemented" history whose backward
+  // throws tg::Error naming this node (double backward not implemented).
+  virtual bool supports_create_graph() const { return false; }
 
   bool needs_input_grad(size_t i) const { return i < next_edges.size() && next_edges[i].valid(); }
   uint32_t add_input_meta(const Tensor& t);
@@ -126,6 +131,20 @@ struct AutogradMeta {
 // any .grad(). An input the outputs do not depend on gets an undefined tensor.
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false);
+
+// Options of tg::autograd::grad, as torch.autograd.grad's keywords. `grad_outputs`: one gradient
+// per output (empty: implicit 1 for scalar outputs). `retain_graph` defaults to `create_graph`.
+// `create_graph`: the backward is itself recorded, so the results can be differentiated again (to
+// any order). `allow_unused`: an input the outputs do not depend on gets an undefined tensor instead
+// of a tg::Error.
+struct GradOptions {
+  std::vector<Tensor> grad_outputs;
+  std::optional<bool> retain_graph;
+  bool create_graph = false;
+  bool allow_unused = false;
+};
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const GradOptions& options);
 
 // Runs backward from several outputs at once, accumulating into the leaves' .grad() (as
 // torch::autograd::backward); grad_outputs as for grad().
@@ -169,6 +188,13 @@ std::ostream& operator<<(std::ostream& os, const GradcheckReport& r);
 // non-contiguous layouts, make the views inside fn.
 GradcheckReport gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
                           const std::vector<Tensor>& inputs, GradcheckOptions options = {});
+
+// gradgradcheck: second derivatives against central differences of the analytic first
+// derivatives, in float64. The first gradient of fn's output, projected on a random direction u
+// (itself differentiated, as torch's gradgradcheck does with grad_outputs), is computed with
+// create_graph and checked by gradcheck as a function of the inputs and u.
+GradcheckReport gradgradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                              const std::vector<Tensor>& inputs, GradcheckOptions options = {});
 
 }  // namespace autograd
 

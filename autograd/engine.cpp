@@ -14,6 +14,8 @@
 
 #include <tapegrad/autograd/accumulate_grad.h>
 #include <tapegrad/autograd/function.h>
+#include <tapegrad/core/autocast_hook.h>
+#include <tapegrad/core/trace.h>
 #if defined(TG_WITH_CUDA)
 #include <tapegrad/core/backend/cuda/runtime.h>
 #include <tapegrad/core/cuda.h>
@@ -26,17 +28,73 @@ namespace {
 // The one place a broadcast gradient is reduced to its input's shape and cast
 // back to its dtype / device. A gradient already in the wider dtype the node also
 // takes (`wanted`, see InputMeta::wide_dtype) is kept as it is.
+// Under create_graph (grad mode on in the engine) both steps are recorded.
+Tensor sum_to(const Tensor& g, const Shape& shape) {
+  if (!creating_graph()) return native::sum_to(g, shape);
+  const int64_t lead = g.dim() - static_cast<int64_t>(shape.size());
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < g.dim(); ++d)
+    if (d < lead || (shape[d - lead] == 1 && g.size(d) != 1)) dims.push_back(d);
+  return bw::reshape(dims.empty() ? g : bw::sum(g, dims, true), shape);
+}
+
 Tensor conform(Tensor g, const InputMeta& m, DType wanted) {
-  if (g.sizes() != m.shape) g = native::sum_to(g, m.shape);
+  if (g.sizes() != m.shape) g = sum_to(g, m.shape);
   const DType dtype = g.dtype() == wanted ? wanted : m.dtype;
-  if (g.dtype() != dtype || g.device() != m.device) g = native::to(g, m.device, dtype);
+  if (g.dtype() != dtype || g.device() != m.device) g = bw::to(g, m.device, dtype);
   return g;
 }
 
 // A gradient as the tensor it belongs to has it (for .grad() of retained non-leaves and
 // autograd::grad's results, which may have arrived in a node's wider dtype).
 Tensor as_meta(const Tensor& g, const InputMeta& m) {
-  return g.defined() && g.dtype() != m.dtype ? native::to(g, m.device, m.dtype) : g;
+  return g.defined() && g.dtype() != m.dtype ? bw::to(g, m.device, m.dtype) : g;
+}
+
+// The engine's mode for one backward run: grad mode on exactly with create_graph (so the
+// differentiable backward closures record); autocast and tracing off, as in PyTorch's backward
+// (the closures' tg:: ops neither cast nor trace; utils::checkpoint sets the forward's autocast).
+class BackwardMode {
+ public:
+  explicit BackwardMode(bool create_graph)
+      : grad_(GradMode::is_enabled()), autocast_(amp::detail::tls_autocast.enabled_mask), tracer_(tg::detail::tls_tracer) {
+    GradMode::set_enabled(create_graph);
+    amp::detail::tls_autocast.enabled_mask = 0;
+    tg::detail::tls_tracer = nullptr;
+  }
+  ~BackwardMode() {
+    GradMode::set_enabled(grad_);
+    amp::detail::tls_autocast.enabled_mask = autocast_;
+    tg::detail::tls_tracer = tracer_;
+  }
+  BackwardMode(const BackwardMode&) = delete;
+  BackwardMode& operator=(const BackwardMode&) = delete;
+
+ private:
+  bool grad_;
+  uint8_t autocast_;
+  tg::detail::Tracer* tracer_;
+};
+
+// Under create_graph, the results of a node whose backward does not record itself get a history
+// that refuses to be differentiated (PyTorch's "NotImplemented" node): its edges are the node's own
+// (the forward inputs the result depends on through saved tensors) and the incoming gradients'.
+Tensor not_implemented(const Node& node, const std::vector<Tensor>& incoming, Tensor result) {
+  auto n = std::make_shared<FunctionNode>(
+      "NotImplemented", [name = std::string(node.name())](const Tensor&, const FunctionNode&) -> std::vector<Tensor> {
+        TG_CHECK(false, name, ": double backward not implemented (a gradient computed with create_graph=true went "
+                 "through ", name, "'s backward, which is not differentiable)");
+        return {};
+      });
+  n->next_edges = node.next_edges;
+  for (const Tensor& g : incoming)
+    if (requires_grad(g)) n->next_edges.push_back(gradient_edge(g));
+  Tensor r = alias(result);
+  n->add_input_meta(r);
+  auto meta = std::make_shared<AutogradMeta>();
+  meta->grad_fn = std::move(n);
+  r.impl().autograd = std::move(meta);
+  return r;
 }
 
 // The implicit gradient of a scalar CUDA root (loss.backward()): one read-only 1 per
@@ -85,8 +143,9 @@ struct Capture {
 // Runs the reverse pass. With `inputs` (tg::autograd::grad), the gradients
 // reaching them are returned and no leaf's .grad() is touched.
 std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads,
-                                 bool retain_graph, const std::vector<Tensor>* inputs, const char* op) {
-  NoGradGuard no_grad;
+                                 bool retain_graph, bool create_graph, const std::vector<Tensor>* inputs,
+                                 const char* op) {
+  BackwardMode mode(create_graph);
   struct CallKind {  // for in_grad_call(), restored after a nested backward (utils::checkpoint)
     bool prev = t_in_grad_call;
     ~CallKind() { t_in_grad_call = prev; }
@@ -160,8 +219,13 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
         DType dt = parts[0].dtype();
         for (const Tensor& p : parts) dt = promote_types(dt, p.dtype());
         for (Tensor& p : parts)
-          if (p.dtype() != dt) p = native::to(p, p.device(), dt);
-        parts = {native::add_n(parts)};
+          if (p.dtype() != dt) p = bw::to(p, p.device(), dt);
+        if (creating_graph()) {
+          for (size_t i = 1; i < parts.size(); ++i) parts[0] = tg::add(parts[0], parts[i]);
+          parts.resize(1);
+        } else {
+          parts = {native::add_n(parts)};
+        }
       }
       return parts.empty() ? Tensor() : parts[0];
     }
@@ -208,7 +272,8 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
         if (!impl || nr >= buf.size() || !buf[nr].defined()) continue;
         auto& m = impl->autograd;
         const Tensor g = as_meta(buf[nr], node->input_meta[nr]);
-        m->grad = m->grad.defined() ? native::add(m->grad, g) : native::clone(g);
+        if (create_graph) m->grad = m->grad.defined() ? tg::add(m->grad, g) : g.clone();
+        else m->grad = m->grad.defined() ? native::add(m->grad, g) : native::clone(g);
       }
     }
 
@@ -216,7 +281,17 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
     const bool skip = !any || (inputs && dynamic_cast<AccumulateGrad*>(node.get()) != nullptr);
     std::vector<Tensor> outs;
     if (!skip) {
-      outs = AnomalyMode::is_enabled() ? apply_in_anomaly_mode(*node, std::move(buf)) : node->apply(std::move(buf));
+      if (create_graph && !node->supports_create_graph() && !dynamic_cast<AccumulateGrad*>(node.get())) {
+        std::vector<Tensor> incoming = buf;
+        {
+          NoGradGuard no_grad;
+          outs = AnomalyMode::is_enabled() ? apply_in_anomaly_mode(*node, std::move(buf)) : node->apply(std::move(buf));
+        }
+        for (Tensor& o : outs)
+          if (o.defined()) o = not_implemented(*node, incoming, std::move(o));
+      } else {
+        outs = AnomalyMode::is_enabled() ? apply_in_anomaly_mode(*node, std::move(buf)) : node->apply(std::move(buf));
+      }
       if (!retain_graph) node->release_saved();
       TG_CHECK(outs.empty() || outs.size() == node->next_edges.size(), node->name(), ": backward returned ",
                outs.size(), " gradients for ", node->next_edges.size(), " inputs");
@@ -251,12 +326,25 @@ Tensor writable(const Tensor& g) { return is_implicit_one(g) ? native::clone(g) 
 bool in_grad_call() { return t_in_grad_call; }
 
 void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, bool retain_graph) {
-  run_backward(outputs, grad_outputs, retain_graph, nullptr, "autograd::backward");
+  run_backward(outputs, grad_outputs, retain_graph, false, nullptr, "autograd::backward");
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs, bool retain_graph) {
-  return run_backward(outputs, grad_outputs, retain_graph, &inputs, "autograd::grad");
+  return run_backward(outputs, grad_outputs, retain_graph, false, &inputs, "autograd::grad");
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const GradOptions& options) {
+  std::vector<Tensor> res = run_backward(outputs, options.grad_outputs,
+                                         options.retain_graph.value_or(options.create_graph), options.create_graph,
+                                         &inputs, "autograd::grad");
+  if (!options.allow_unused)
+    for (size_t i = 0; i < res.size(); ++i)
+      TG_CHECK(res[i].defined(), "autograd::grad: input ", i, " (shape ", inputs[i].sizes(),
+               ") was not used in the graph (no gradient reached it); pass allow_unused = true to get an "
+               "undefined tensor for it");
+  return res;
 }
 
 }  // namespace autograd
@@ -312,8 +400,8 @@ void Tensor::retain_grad() const {
 }
 
 void Tensor::backward(const Tensor& gradient, BackwardOptions options) const {
-  TG_CHECK(!options.create_graph, "backward: create_graph=true (higher-order gradients) is not supported");
-  autograd::run_backward({*this}, {gradient}, options.retain_graph, nullptr, "backward");
+  autograd::run_backward({*this}, {gradient}, options.retain_graph.value_or(options.create_graph),
+                         options.create_graph, nullptr, "backward");
 }
 
 std::shared_ptr<autograd::Node> Tensor::grad_fn() const {

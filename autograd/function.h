@@ -10,6 +10,7 @@
 
 #include <tapegrad/autograd/autograd.h>
 #include <tapegrad/core/native.h>
+#include <tapegrad/core/ops.h>
 
 namespace tg::autograd {
 
@@ -43,18 +44,27 @@ inline bool should_record_list(const std::vector<Tensor>& inputs) {
   return false;
 }
 
+// What a saved tensor is to the node that saves it: an input (or any tensor with its own history)
+// or the node's own output (saved before record() gives it its history).
+enum class Saved { kInput, kOutput };
+
 // A tensor kept for backward: a detached alias (no graph, so a node never keeps
-// its own outputs alive through a cycle) plus the storage version at save time.
+// its own outputs alive through a cycle) plus the storage version at save time, and the
+// edge it had (an input's) or the fact that it is the node's output. Unpacked inside a backward
+// run with create_graph (grad mode on), it gets that history back (an output's is the node being
+// applied), so the backward's own graph links to the forward graph.
 class SavedTensor {
  public:
   SavedTensor() = default;
-  SavedTensor(const Tensor& t, const char* op);
+  SavedTensor(const Tensor& t, const char* op, Saved kind = Saved::kInput);
   // Throws when the tensor was modified in place since it was saved.
   Tensor unpack() const;
 
  private:
   Tensor data_;
+  Edge edge_;  // the history an input had when saved (none when it did not require grad)
   uint32_t version_ = 0;
+  bool output_ = false;
   const char* op_ = "";
 };
 
@@ -64,16 +74,24 @@ using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad, const F
 
 // A node whose backward is a closure written right below the op's forward. The
 // closure owns the saved tensors, so releasing it frees them all.
+// Whether a backward closure computes with autograd::bw / differentiable ops only, so that
+// running it with grad mode on (create_graph) records a graph that can be differentiated again.
+enum class Backward { kFirstOrder, kDifferentiable };
+inline constexpr Backward kDifferentiable = Backward::kDifferentiable;
+
 class FunctionNode final : public Node {
  public:
-  FunctionNode(const char* name, BackwardFn fn) : name_(name), fn_(std::move(fn)) {}
+  FunctionNode(const char* name, BackwardFn fn, Backward kind = Backward::kFirstOrder)
+      : name_(name), fn_(std::move(fn)), differentiable_(kind == Backward::kDifferentiable) {}
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
   const char* name() const override { return name_; }
   void release_saved() override { fn_ = nullptr; }
+  bool supports_create_graph() const override { return differentiable_; }
 
  private:
   const char* name_;
   BackwardFn fn_;
+  bool differentiable_;
 };
 
 // The edge a gradient for t flows along (grad_fn or the leaf's accumulator).
@@ -100,12 +118,16 @@ inline DType grad_dtype_for(const Node& n, size_t i, DType natural) {
 // Records `out` as the result of op `name` applied to `inputs`: builds the node,
 // its edges, and sets out's history. Returns out (re-aliased if it shares an
 // input's TensorImpl). Only floating outputs are recorded.
-Tensor record(const char* name, std::initializer_list<Tensor> inputs, Tensor out, BackwardFn fn);
-Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor out, BackwardFn fn);
+// `kind`: kDifferentiable when fn is written with autograd::bw (its double backward works).
+Tensor record(const char* name, std::initializer_list<Tensor> inputs, Tensor out, BackwardFn fn,
+              Backward kind = Backward::kFirstOrder);
+Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor out, BackwardFn fn,
+              Backward kind = Backward::kFirstOrder);
 // record() for a view-like op of one input whose backward keeps the gradient's dtype (transpose,
 // permute, reshape, contiguous): its node also takes the wider gradient dtype its input's node
 // takes, so a GEMM behind a transposed float16 view of a float32 weight writes float32 directly.
-Tensor record_view(const char* name, const Tensor& input, Tensor out, BackwardFn fn);
+Tensor record_view(const char* name, const Tensor& input, Tensor out, BackwardFn fn,
+                   Backward kind = Backward::kFirstOrder);
 
 // Traces and records `out`, the cast of `src` to out's dtype and device that the caller computed,
 // exactly as Tensor::to does (which computes it with native::to): for autocast, which may take
@@ -121,10 +143,46 @@ Tensor alias(const Tensor& t);
 // and `others`, becomes self's history; for a view (TensorImpl::view_base) it is wrapped in a
 // CopySlices node that becomes the base's history, and the view's own history becomes its region
 // of that (PyTorch's rebase_history). A backward that reads the result saves it before this call.
-void rebase_history(const char* name, const Tensor& self, std::initializer_list<Tensor> others, BackwardFn fn);
+void rebase_history(const char* name, const Tensor& self, std::initializer_list<Tensor> others, BackwardFn fn,
+                    Backward kind = Backward::kFirstOrder);
 // Notes on a view that a public view method just made from `input` (if it shares its storage):
 // its base and version, and the grad mode (see TensorImpl::view_base). Returns out.
 Tensor mark_view(const Tensor& input, Tensor out);
+
+// ---- backward math that can be differentiated again (create_graph; autograd/backward_math.cpp)
+// The engine runs a backward closure with grad mode on exactly when it was asked to create_graph
+// (and with autocast and tracing off). The closures of the ops that support double backward
+// compute with these: native ops (nothing recorded, the first-order path unchanged) or, under
+// create_graph, the recorded tg:: ops.
+inline bool creating_graph() { return GradMode::is_enabled(); }
+namespace bw {
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, Scalar s);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor neg(const Tensor& a);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor unsqueeze(const Tensor& a, int64_t dim);
+Tensor squeeze(const Tensor& a, int64_t dim);
+Tensor transpose(const Tensor& a, int64_t d0, int64_t d1);
+Tensor permute(const Tensor& a, const Shape& dims);
+Tensor reshape(const Tensor& a, const Shape& shape);
+Tensor expand(const Tensor& a, const Shape& shape);
+Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t end, int64_t step);
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim);
+Tensor to(const Tensor& a, Device device, DType dtype);
+// A fused elementwise backward kernel bwd(g, saved, p0, p1) (ElemOp::*Backward) as a differentiable
+// op: linear in g (its gradient for g is bwd(gg, saved)); its gradient for `saved` comes from a
+// table of second derivatives (a tg::Error naming `name`, e.g. "tanh_backward", for a kernel the
+// table lacks). `name` is a string literal (the node's name).
+Tensor elementwise_backward(const char* name, backend::ElemOp bwd, const Tensor& g, const Tensor& saved, double p0 = 0,
+                            double p1 = 0);
+// out = f(g) for a linear map f whose adjoint is `adjoint` (written with differentiable ops):
+// f runs on native ops; under create_graph out is recorded with `adjoint` as its backward.
+Tensor linear_map(const char* name, const Tensor& g, const std::function<Tensor(const Tensor&)>& f,
+                  std::function<Tensor(const Tensor&)> adjoint);
+}  // namespace bw
 
 // ---- hooks, anomaly mode, inference tensors (autograd/hooks.cpp, autograd/anomaly.cpp)
 // Runs `hooks` on the node's incoming gradients `buf` (one per output), replacing them in place.

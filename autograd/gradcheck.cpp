@@ -123,3 +123,70 @@ GradcheckReport gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
 }
 
 }  // namespace tg::autograd
+
+namespace tg::autograd {
+
+GradcheckReport gradgradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                              const std::vector<Tensor>& inputs, GradcheckOptions options) {
+  std::vector<size_t> diff;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (requires_grad(inputs[i])) diff.push_back(i);
+  if (diff.empty())
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].defined() && is_floating(inputs[i].dtype())) diff.push_back(i);
+  TG_CHECK(!diff.empty(), "gradgradcheck: none of the ", inputs.size(), " inputs is a floating tensor to differentiate");
+
+  // float64 copies of the differentiated inputs, and u, the direction the first gradient is taken
+  // along (grad_outputs), shaped as fn's output.
+  std::vector<Tensor> xs = inputs;
+  for (size_t i : diff) {
+    xs[i] = native::clone(native::to(inputs[i], inputs[i].device(), kFloat64));
+    xs[i].requires_grad_(true);
+  }
+  Tensor y;
+  {
+    GradModeGuard on(true);
+    y = fn(xs);
+  }
+  TG_CHECK(y.defined() && is_floating(y.dtype()), "gradgradcheck: fn must return a floating tensor, got ",
+           y.defined() ? dtype_name(y.dtype()) : "an undefined tensor");
+  std::mt19937_64 gen(0x5eed2badULL);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  std::vector<double> u(static_cast<size_t>(y.numel()));
+  for (double& e : u) e = dist(gen);
+  Tensor u64 = tensor_from_host(u.data(), kFloat64, y.sizes(), TensorOptions(kFloat64).device(y.device()));
+  u64.requires_grad_(true);
+  xs.push_back(u64);
+
+  // The analytic first gradient as one flat vector: gradcheck differentiates it again (its own
+  // analytic pass runs with grad mode on, so create_graph is on there; its finite differences
+  // evaluate it without recording).
+  auto first = [&fn, &diff](const std::vector<Tensor>& all) {
+    const bool outer = GradMode::is_enabled();
+    std::vector<Tensor> ins(all.begin(), all.end() - 1);
+    std::vector<Tensor> wrt;
+    for (size_t i : diff) wrt.push_back(ins[i]);
+    Tensor out;
+    std::vector<Tensor> gs;
+    {
+      GradModeGuard on(true);
+      out = fn(ins);
+      if (!requires_grad(out)) return native::full(Shape{0}, 0, kFloat64, all.back().device());
+      Tensor dir = all.back();
+      if (!outer) dir = alias(dir);
+      gs = grad({out}, wrt, GradOptions{.grad_outputs = {dir.to(out.dtype())}, .create_graph = outer,
+                                        .allow_unused = true});
+    }
+    std::vector<Tensor> flat;
+    for (size_t k = 0; k < gs.size(); ++k)
+      flat.push_back(gs[k].defined() ? gs[k].reshape({-1}).to(kFloat64)
+                                     : native::full(Shape{wrt[k].numel()}, 0, kFloat64, wrt[k].device()));
+    return cat(flat, 0);
+  };
+  GradcheckReport r = gradcheck(first, xs, options);
+  if (!r.ok && r.input_index == static_cast<int>(inputs.size()))
+    r.message = "grad_outputs (the direction u): " + r.message;
+  return r;
+}
+
+}  // namespace tg::autograd

@@ -59,27 +59,55 @@ Tensor alias(const Tensor& t) {
   return v;
 }
 
-SavedTensor::SavedTensor(const Tensor& t, const char* op) : op_(op) {
+SavedTensor::SavedTensor(const Tensor& t, const char* op, Saved kind) : op_(op) {
   if (!t.defined()) return;
   check_not_inference(t, op);
   data_ = alias(t);
   version_ = t.version();
+  output_ = kind == Saved::kOutput;
+  if (!output_ && requires_grad(t)) edge_ = gradient_edge(t);
 }
 
-Tensor SavedTensor::unpack() const {
-  if (data_.defined()) {
-    TG_CHECK(data_.version() == version_, op_, ": a tensor saved for backward (shape ", data_.sizes(),
-             ") was modified in place (version ", data_.version(), ", expected ", version_,
-             "): one of the variables needed for gradient computation has been modified by an inplace "
-             "operation; use the out-of-place op, or clone() the tensor before changing it");
+namespace {
+// The FunctionNode whose backward runs on this thread (its saved outputs' history under create_graph).
+thread_local FunctionNode* t_applying = nullptr;
+
+// A detached alias of t that has the history `e` (a leaf's accumulator, or a node's output).
+Tensor with_history(const Tensor& t, const Edge& e) {
+  Tensor v = alias(t);
+  auto m = std::make_shared<AutogradMeta>();
+  if (dynamic_cast<AccumulateGrad*>(e.fn.get())) {
+    m->requires_grad = true;
+    m->grad_accumulator = e.fn;  // kept alive by the SavedTensor's edge and, once recorded, by the new nodes
+  } else {
+    m->grad_fn = e.fn;
+    m->output_nr = e.input_nr;
   }
-  return data_;
+  v.impl().autograd = std::move(m);
+  return v;
+}
+}  // namespace
+
+Tensor SavedTensor::unpack() const {
+  if (!data_.defined()) return data_;
+  TG_CHECK(data_.version() == version_, op_, ": a tensor saved for backward (shape ", data_.sizes(),
+           ") was modified in place (version ", data_.version(), ", expected ", version_,
+           "): one of the variables needed for gradient computation has been modified by an inplace "
+           "operation; use the out-of-place op, or clone() the tensor before changing it");
+  if (!creating_graph()) return data_;
+  if (output_) return t_applying ? with_history(data_, Edge{t_applying->shared_from_this(), 0}) : data_;
+  return edge_.valid() ? with_history(data_, edge_) : data_;
 }
 
 std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grads) {
   TG_CHECK(fn_ != nullptr, name_,
            ": trying to backward through the graph a second time; its saved tensors were freed after the "
            "first backward. Pass retain_graph=true to the first backward() (BackwardOptions{.retain_graph = true})");
+  struct Applying {
+    FunctionNode* prev = t_applying;
+    ~Applying() { t_applying = prev; }
+  } applying;
+  t_applying = this;
   return fn_(grads.at(0), *this);
 }
 
@@ -95,7 +123,9 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   if (!g.defined()) return {};
   auto& meta = leaf_->autograd;
   if (!meta) meta = std::make_shared<AutogradMeta>();
-  if (!meta->grad.defined()) {
+  if (creating_graph()) {  // create_graph: .grad() keeps its history (a recorded clone / sum), as PyTorch
+    meta->grad = meta->grad.defined() ? tg::add(meta->grad, g) : g.clone();
+  } else if (!meta->grad.defined()) {
     meta->grad = owned_grad(std::move(g));
   } else {
     meta->grad = native::add(meta->grad, g);
@@ -129,8 +159,8 @@ DType wanted_grad_dtype(const Edge& e) {
   return m.wide_dtype.value_or(m.dtype);
 }
 
-Tensor record_view(const char* name, const Tensor& input, Tensor out, BackwardFn fn) {
-  Tensor res = record(name, {input}, std::move(out), std::move(fn));
+Tensor record_view(const char* name, const Tensor& input, Tensor out, BackwardFn fn, Backward kind) {
+  Tensor res = record(name, {input}, std::move(out), std::move(fn), kind);
   const auto& m = res.impl().autograd;
   if (!m || !m->grad_fn) return res;  // not recorded (no input needs grad, or a non-floating result)
   const Edge& next = m->grad_fn->next_edges.at(0);
@@ -144,7 +174,7 @@ Tensor record_view(const char* name, const Tensor& input, Tensor out, BackwardFn
 // ---- recording
 namespace {
 template <typename Range>
-Tensor record_impl(const char* name, const Range& inputs, Tensor out, BackwardFn fn) {
+Tensor record_impl(const char* name, const Range& inputs, Tensor out, BackwardFn fn, Backward kind) {
   if (!is_floating(out.dtype())) return out;  // integer / bool results carry no gradient
   for (const Tensor& in : inputs) {
     if (in.defined() && in.is_same(out)) {  // never overwrite an input's history
@@ -152,7 +182,7 @@ Tensor record_impl(const char* name, const Range& inputs, Tensor out, BackwardFn
       break;
     }
   }
-  auto node = std::make_shared<FunctionNode>(name, std::move(fn));
+  auto node = std::make_shared<FunctionNode>(name, std::move(fn), kind);
   node->next_edges.reserve(inputs.size());
   for (const Tensor& in : inputs) node->next_edges.push_back(requires_grad(in) ? gradient_edge(in) : Edge{});
   node->add_input_meta(out);
@@ -164,11 +194,11 @@ Tensor record_impl(const char* name, const Range& inputs, Tensor out, BackwardFn
 }
 }  // namespace
 
-Tensor record(const char* name, std::initializer_list<Tensor> inputs, Tensor out, BackwardFn fn) {
-  return record_impl(name, inputs, std::move(out), std::move(fn));
+Tensor record(const char* name, std::initializer_list<Tensor> inputs, Tensor out, BackwardFn fn, Backward kind) {
+  return record_impl(name, inputs, std::move(out), std::move(fn), kind);
 }
-Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor out, BackwardFn fn) {
-  return record_impl(name, inputs, std::move(out), std::move(fn));
+Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor out, BackwardFn fn, Backward kind) {
+  return record_impl(name, inputs, std::move(out), std::move(fn), kind);
 }
 
 // ---- in-place ops on tensors in a graph (PyTorch's rebase_history and CopySlices)
@@ -324,9 +354,10 @@ bool detail::check_inplace_recorded(const Tensor& self, const char* op, std::ini
   return true;
 }
 
-void rebase_history(const char* name, const Tensor& self, std::initializer_list<Tensor> others, BackwardFn fn) {
+void rebase_history(const char* name, const Tensor& self, std::initializer_list<Tensor> others, BackwardFn fn,
+                    Backward kind) {
   if (!is_floating(self.dtype())) return;
-  auto node = std::make_shared<FunctionNode>(name, std::move(fn));
+  auto node = std::make_shared<FunctionNode>(name, std::move(fn), kind);
   node->next_edges.reserve(others.size() + 1);
   node->next_edges.push_back(current_edge(self));
   for (const Tensor& o : others) node->next_edges.push_back(current_edge(o));

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string_view>
 #include <tuple>
@@ -55,8 +56,8 @@ class TensorImpl {
 };
 
 struct BackwardOptions {
-  bool retain_graph = false;
-  bool create_graph = false;
+  std::optional<bool> retain_graph;  // default: create_graph, as PyTorch
+  bool create_graph = false;         // record the backward, so .grad() can be differentiated again
 };
 
 // A strided view of CPU memory for hand-written loops (the C++ answer to numba's @njit).

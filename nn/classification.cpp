@@ -82,6 +82,29 @@ Tensor to_rows(const Tensor& x) {
 // gradient for an upstream gradient of 1 (reading each row of logits from DRAM once for both);
 // a backward that receives exactly that 1 (loss.backward()) hands it over without a launch, any
 // other upstream gradient runs the backward kernel from the saved logsumexp.
+// The rows' gradient with recorded ops (create_graph), the kernel's formula: for a row i with target
+// t (not ignored), (A_i softmax(x_i) - B_i) g_i / denom, A_i = (1 - eps) w_t + eps W / C,
+// B_ic = (1 - eps) w_t [c == t] + eps w_c / C (w = 1 without weights, W = sum w).
+Tensor cross_entropy_grad_recorded(const Tensor& x, const backend::Backend::CrossEntropyArgs& a, const Tensor& denom,
+                                   const Tensor& g) {
+  const int64_t c = x.size(1);
+  const double eps = a.label_smoothing;
+  const DType dt = x.dtype();
+  const TensorOptions opts = TensorOptions().dtype(dt).device(x.device());
+  Tensor valid_b = a.target.ne(Scalar(a.ignore_index));
+  Tensor t = where(valid_b, a.target, zeros_like(a.target));
+  Tensor valid = valid_b.to(dt).unsqueeze(1);  // [N, 1]
+  Tensor w = a.weight.defined() ? a.weight.to(dt) : ones({c}, opts);
+  Tensor wt = w.index_select(0, t).unsqueeze(1);  // [N, 1]
+  Tensor onehot = eq(t.unsqueeze(1), arange(c, TensorOptions().dtype(kInt64).device(x.device())).unsqueeze(0)).to(dt);
+  const double k = eps / static_cast<double>(c);
+  Tensor A = (wt * (1 - eps) + w.sum() * k) * valid;
+  Tensor B = (wt * onehot * (1 - eps) + w.unsqueeze(0) * k) * valid;
+  Tensor v = A * softmax(x, 1) - B;
+  Tensor s = denom.defined() ? g / denom.to(g.dtype()) : g;
+  return v * (s.dim() > 0 ? s.unsqueeze(1) : s);
+}
+
 Tensor cross_entropy_rows(const Tensor& x, const Tensor& target, const Tensor& weight, int64_t ignore_index,
                           double eps, LossReduction r, DType out_dtype) {
   const DType acc = native::cross_entropy_acc_dtype(x.dtype());
@@ -127,6 +150,7 @@ Tensor cross_entropy_rows(const Tensor& x, const Tensor& target, const Tensor& w
       [sx, a, lse, denom, acc, ready](const Tensor& g, const autograd::FunctionNode&) -> std::vector<Tensor> {
         backend::Backend::CrossEntropyArgs b = a;
         b.logits = sx.unpack();
+        if (autograd::creating_graph()) return {cross_entropy_grad_recorded(b.logits, b, denom, g)};
         if (ready->defined() && autograd::is_implicit_one(g)) {
           Tensor gx = std::move(*ready);
           *ready = Tensor();
@@ -134,7 +158,8 @@ Tensor cross_entropy_rows(const Tensor& x, const Tensor& target, const Tensor& w
         }
         Tensor gg = native::contiguous(native::to(g, b.logits.device(), acc));
         return {native::cross_entropy_rows_backward(b, lse, gg, denom)};
-      });
+      },
+      autograd::kDifferentiable);
 }
 
 Tensor reduce_loss(const Tensor& per, LossReduction r) {

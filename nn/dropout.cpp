@@ -15,6 +15,14 @@ namespace {
 void check_p(double p, const char* op) {
   TG_CHECK(p >= 0 && p <= 1, op, ": dropout probability has to be between 0 and 1, got ", p);
 }
+// Dropout's backward, the same mask applied to g: a linear map that is its own adjoint, so
+// under create_graph it is recorded with itself as its backward.
+Tensor masked_grad(const Tensor& g, double p, uint64_t seed, uint64_t offset) {
+  if (!autograd::creating_graph()) return native::dropout_mask_apply(g, p, seed, offset);
+  return autograd::bw::linear_map(
+      "dropout_backward", g, [&](const Tensor& t) { return native::dropout_mask_apply(t, p, seed, offset); },
+      [p, seed, offset](const Tensor& gg) { return masked_grad(gg, p, seed, offset); });
+}
 }  // namespace
 
 namespace functional {
@@ -28,10 +36,12 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   Tensor out = native::dropout_mask_apply(x, p, seed, offset);
   TG_TRACE(Dropout, out, {x}, {{"p", p}});
   if (!autograd::should_record(x)) return out;
-  return autograd::record("dropout", {x}, std::move(out),
-                          [p, seed, offset](const Tensor& g, const autograd::FunctionNode&) -> std::vector<Tensor> {
-                            return {native::dropout_mask_apply(g, p, seed, offset)};
-                          });
+  return autograd::record(
+      "dropout", {x}, std::move(out),
+      [p, seed, offset](const Tensor& g, const autograd::FunctionNode&) -> std::vector<Tensor> {
+        return {masked_grad(g, p, seed, offset)};
+      },
+      autograd::kDifferentiable);
 }
 }  // namespace functional
 

@@ -16,6 +16,17 @@ int64_t wrap_padding(std::optional<int64_t> p, int64_t num, const char* op) {
   TG_CHECK(*p >= -num && *p < num, op, ": padding_idx ", *p, " out of range for ", num, " embeddings");
   return *p < 0 ? *p + num : *p;
 }
+// The weight's gradient, rows of g summed at index (none at the padding row): linear in g; under
+// create_graph recorded with its adjoint, g's rows read back at index (0 where index is the padding).
+Tensor embedding_grad(const Tensor& g, const Tensor& index, int64_t num, int64_t pad) {
+  return autograd::bw::linear_map(
+      "embedding_backward", g, [&](const Tensor& gs) { return native::embedding_backward(gs, index, num, pad); },
+      [index, pad](const Tensor& gg) {
+        Tensor rows = functional::embedding(index, gg);
+        if (pad < 0) return rows;
+        return where(index.ne(Scalar(pad)).unsqueeze(-1), rows, zeros({}, TensorOptions().dtype(rows.dtype()).device(rows.device())));
+      });
+}
 }  // namespace
 
 namespace functional {
@@ -29,8 +40,9 @@ Tensor embedding(const Tensor& index, const Tensor& weight, EmbeddingOptions opt
   return autograd::record("embedding", {index, weight}, std::move(out),
                           [si, num, pad](const Tensor& g, const autograd::FunctionNode& n) -> std::vector<Tensor> {
                             if (!n.needs_input_grad(1)) return {Tensor(), Tensor()};
-                            return {Tensor(), native::embedding_backward(g, si.unpack(), num, pad)};
-                          });
+                            return {Tensor(), embedding_grad(g, si.unpack(), num, pad)};
+                          },
+                          autograd::kDifferentiable);
 }
 }  // namespace functional
 

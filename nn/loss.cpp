@@ -1,6 +1,7 @@
 // Loss functions.
 #include <tapegrad/nn/loss.h>
 
+#include <algorithm>
 #include <vector>
 
 #include <tapegrad/core/autocast_hook.h>
@@ -23,10 +24,20 @@ Tensor fused_mse_loss(const Tensor& input, const Tensor& target, backend::LossRe
   autograd::SavedTensor si(input, "mse_loss"), st(target, "mse_loss");
   return autograd::record("mse_loss", {input, target}, std::move(out),
                           [si, st, r](const Tensor& g, const autograd::FunctionNode& n) -> std::vector<Tensor> {
+                            if (autograd::creating_graph()) {  // 2 (x - t) g [/ N], recorded
+                              Tensor x = si.unpack();
+                              const double k = r == backend::LossReduction::Mean
+                                                   ? 2.0 / static_cast<double>(std::max<int64_t>(x.numel(), 1))
+                                                   : 2.0;
+                              Tensor gi = tg::mul(tg::mul(tg::sub(x, st.unpack()), g), Scalar(k));
+                              return {n.needs_input_grad(0) ? gi : Tensor(),
+                                      n.needs_input_grad(1) ? tg::neg(gi) : Tensor()};
+                            }
                             auto [gi, gt] = native::mse_loss_backward(g, si.unpack(), st.unpack(), r,
                                                                       n.needs_input_grad(0), n.needs_input_grad(1));
                             return {std::move(gi), std::move(gt)};
-                          });
+                          },
+                          autograd::kDifferentiable);
 }
 }  // namespace
 

@@ -26,6 +26,29 @@ double machine_eps(DType dt) {
   }
 }
 
+// The norm's gradients with recorded ops (create_graph): mean and rstd recomputed from x, then
+// gx = rstd (gh - mean(gh) - xh mean(gh xh)) with gh = g w (rms: no mean terms), gw = sum(g xh), gb = sum(g).
+std::vector<Tensor> norm_backward_recorded(const Tensor& g, const Tensor& x, const Shape& ns, const Tensor& w,
+                                           double eps, bool rms, bool need_x, bool need_w, bool need_b) {
+  const int64_t lead = x.dim() - static_cast<int64_t>(ns.size());
+  std::vector<int64_t> norm_dims, batch_dims;
+  for (int64_t d = 0; d < x.dim(); ++d) (d < lead ? batch_dims : norm_dims).push_back(d);
+  Tensor xc = rms ? x : tg::sub(x, x.mean(DimList(norm_dims), true));
+  Tensor rstd = tg::rsqrt(tg::add(tg::mul(xc, xc).mean(DimList(norm_dims), true), Scalar(eps)));
+  Tensor xh = tg::mul(xc, rstd);
+  Tensor gx, gw, gb;
+  if (need_x) {
+    Tensor gh = w.defined() ? tg::mul(g, w) : g;
+    Tensor inner = tg::sub(gh, tg::mul(xh, tg::mul(gh, xh).mean(DimList(norm_dims), true)));
+    if (!rms) inner = tg::sub(inner, gh.mean(DimList(norm_dims), true));
+    gx = tg::mul(rstd, inner);
+  }
+  auto over_batch = [&](const Tensor& t) { return batch_dims.empty() ? t : t.sum(DimList(batch_dims)); };
+  if (need_w) gw = over_batch(tg::mul(g, xh));
+  if (need_b) gb = over_batch(g);
+  return {gx, gw, gb};
+}
+
 // The fused forward, and a node whose backward is one fused kernel (grad_x, grad_weight,
 // grad_bias from the saved x, weight, mean and rstd).
 Tensor norm_op(const char* op, const Tensor& x, const Shape& ns, const Tensor& weight, const Tensor& bias, double eps,
@@ -37,10 +60,15 @@ Tensor norm_op(const char* op, const Tensor& x, const Shape& ns, const Tensor& w
   const bool has_w = weight.defined();
   return autograd::record(
       op, {x, weight, bias}, std::move(r.y),
-      [sx, sw, has_w, mean, rstd, ns, rms](const Tensor& g, const autograd::FunctionNode& n) -> std::vector<Tensor> {
+      [sx, sw, has_w, mean, rstd, ns, rms, eps](const Tensor& g,
+                                                const autograd::FunctionNode& n) -> std::vector<Tensor> {
+        if (autograd::creating_graph())
+          return norm_backward_recorded(g, sx.unpack(), ns, has_w ? sw.unpack() : Tensor(), eps, rms,
+                                        n.needs_input_grad(0), n.needs_input_grad(1), n.needs_input_grad(2));
         return native::norm_backward(g, sx.unpack(), ns, has_w ? sw.unpack() : Tensor(), mean, rstd, rms,
                                      n.needs_input_grad(0), n.needs_input_grad(1), n.needs_input_grad(2));
-      });
+      },
+      autograd::kDifferentiable);
 }
 // layer_norm's traced operands: x[, weight[, bias]], trailing ones only; a bias without a weight
 // traces a weight of ones. (Evaluated by TG_TRACE only while tracing.)

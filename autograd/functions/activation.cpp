@@ -12,7 +12,9 @@
 namespace tg {
 
 using autograd::FunctionNode;
+using autograd::kDifferentiable;
 using autograd::record;
+using autograd::Saved;
 using autograd::SavedTensor;
 using autograd::should_record;
 using backend::ElemOp;
@@ -25,13 +27,14 @@ void check_floating(const char* op, const Tensor& a) {
 }
 
 // y = op(x) with the gradient g -> bwd(g, saved) where saved is x (or y when save_output).
-Tensor unary_act(const char* name, ElemOp op, ElemOp bwd, const Tensor& a, Tensor out, bool save_output, double p0 = 0,
-                 double p1 = 0) {
+// `bwd_name`: the backward's own node under create_graph (autograd::bw::elementwise_backward).
+Tensor unary_act(const char* name, const char* bwd_name, ElemOp bwd, const Tensor& a, Tensor out, bool save_output,
+                 double p0 = 0, double p1 = 0) {
   if (!should_record(a)) return out;
-  SavedTensor s(save_output ? out : a, name);
-  return record(name, {a}, std::move(out), [s, bwd, p0, p1](const Tensor& g, const FunctionNode&) -> Grads {
-    return {native::binary(bwd, g, s.unpack(), p0, p1)};
-  });
+  SavedTensor s = save_output ? SavedTensor(out, name, Saved::kOutput) : SavedTensor(a, name);
+  return record(name, {a}, std::move(out), [s, bwd_name, bwd, p0, p1](const Tensor& g, const FunctionNode&) -> Grads {
+    return {autograd::bw::elementwise_backward(bwd_name, bwd, g, s.unpack(), p0, p1)};
+  }, kDifferentiable);
 }
 }  // namespace
 
@@ -42,8 +45,9 @@ Tensor sin(const Tensor& a) {
   if (!should_record(a)) return out;
   SavedTensor sx(a, "sin");
   return record("sin", {a}, std::move(out), [sx](const Tensor& g, const FunctionNode&) -> Grads {
+    if (autograd::creating_graph()) return {tg::mul(g, tg::cos(sx.unpack()))};
     return {native::mul(g, native::unary(ElemOp::Cos, sx.unpack()))};
-  });
+  }, kDifferentiable);
 }
 
 Tensor cos(const Tensor& a) {
@@ -53,15 +57,16 @@ Tensor cos(const Tensor& a) {
   if (!should_record(a)) return out;
   SavedTensor sx(a, "cos");
   return record("cos", {a}, std::move(out), [sx](const Tensor& g, const FunctionNode&) -> Grads {
+    if (autograd::creating_graph()) return {tg::mul(g, tg::neg(tg::sin(sx.unpack())))};
     return {native::mul(g, native::scalar_op(ElemOp::MulScalar, native::unary(ElemOp::Sin, sx.unpack()), -1.0))};
-  });
+  }, kDifferentiable);
 }
 
 Tensor rsqrt(const Tensor& a) {
   TG_AUTOCAST(Rsqrt, tg::rsqrt(a), a);
   Tensor out = native::unary(ElemOp::Rsqrt, a);
   TG_TRACE(Rsqrt, out, {a}, {});
-  return unary_act("rsqrt", ElemOp::Rsqrt, ElemOp::RsqrtBackward, a, std::move(out), true);
+  return unary_act("rsqrt", "rsqrt_backward", ElemOp::RsqrtBackward, a, std::move(out), true);
 }
 
 Tensor silu(const Tensor& a) {
@@ -69,7 +74,7 @@ Tensor silu(const Tensor& a) {
   check_floating("silu", a);
   Tensor out = native::unary(ElemOp::Silu, a);
   TG_TRACE(Silu, out, {a}, {});
-  return unary_act("silu", ElemOp::Silu, ElemOp::SiluBackward, a, std::move(out), false);
+  return unary_act("silu", "silu_backward", ElemOp::SiluBackward, a, std::move(out), false);
 }
 
 Tensor gelu(const Tensor& a, std::string_view approximate) {
@@ -80,7 +85,7 @@ Tensor gelu(const Tensor& a, std::string_view approximate) {
   check_floating("gelu", a);
   Tensor out = native::unary(ElemOp::GeluTanh, a);
   TG_TRACE(GeluTanh, out, {a}, {});
-  return unary_act("gelu", ElemOp::GeluTanh, ElemOp::GeluTanhBackward, a, std::move(out), false);
+  return unary_act("gelu", "gelu_tanh_backward", ElemOp::GeluTanhBackward, a, std::move(out), false);
 }
 
 Tensor softplus(const Tensor& a, Scalar beta, Scalar threshold) {
@@ -90,7 +95,7 @@ Tensor softplus(const Tensor& a, Scalar beta, Scalar threshold) {
   TG_CHECK(b != 0, "softplus: beta must be non-zero");
   Tensor out = native::unary(ElemOp::Softplus, a, b, t);
   TG_TRACE(Softplus, out, {a}, {{"beta", detail::trace_scalar(beta)}, {"threshold", detail::trace_scalar(threshold)}});
-  return unary_act("softplus", ElemOp::Softplus, ElemOp::SoftplusBackward, a, std::move(out), false, b, t);
+  return unary_act("softplus", "softplus_backward", ElemOp::SoftplusBackward, a, std::move(out), false, b, t);
 }
 
 Tensor leaky_relu(const Tensor& a, Scalar negative_slope) {
@@ -99,7 +104,7 @@ Tensor leaky_relu(const Tensor& a, Scalar negative_slope) {
   const double s = negative_slope.to_double();
   Tensor out = native::unary(ElemOp::LeakyRelu, a, s);
   TG_TRACE(LeakyRelu, out, {a}, {{"negative_slope", detail::trace_scalar(negative_slope)}});
-  return unary_act("leaky_relu", ElemOp::LeakyRelu, ElemOp::LeakyReluBackward, a, std::move(out), false, s);
+  return unary_act("leaky_relu", "leaky_relu_backward", ElemOp::LeakyReluBackward, a, std::move(out), false, s);
 }
 
 Tensor elu(const Tensor& a, Scalar alpha) {
@@ -108,7 +113,7 @@ Tensor elu(const Tensor& a, Scalar alpha) {
   const double al = alpha.to_double();
   Tensor out = native::unary(ElemOp::Elu, a, al);
   TG_TRACE(Elu, out, {a}, {{"alpha", detail::trace_scalar(alpha)}});
-  return unary_act("elu", ElemOp::Elu, ElemOp::EluBackward, a, std::move(out), false, al);
+  return unary_act("elu", "elu_backward", ElemOp::EluBackward, a, std::move(out), false, al);
 }
 
 Tensor Tensor::sin() const { return tg::sin(*this); }

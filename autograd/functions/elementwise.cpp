@@ -10,7 +10,10 @@
 namespace tg {
 
 using autograd::FunctionNode;
+using autograd::kDifferentiable;
 using autograd::record;
+using autograd::Saved;
+namespace bw = autograd::bw;
 using autograd::SavedTensor;
 using autograd::should_record;
 using backend::ElemOp;
@@ -21,8 +24,6 @@ Scalar negate(const Scalar& s) {
   return s.is_integral() ? Scalar(static_cast<long long>(-s.to_int())) : Scalar(-s.to_double());
 }
 Tensor zero_of(const Tensor& g) { return native::full(Shape{}, 0, g.dtype(), g.device()); }
-// g where mask, else 0 (mask is bool, broadcast against g).
-Tensor mask_grad(const Tensor& mask, const Tensor& g) { return native::where(mask, g, zero_of(g)); }
 // Autocast runs exp, log, sqrt and pow(tensor, scalar) in float32. Their kernels read a float16 /
 // bfloat16 input as is and write float32, and their backward writes the gradient in the input's
 // dtype, each in one launch, where a cast node would add a cast launch to either pass. The numbers
@@ -41,9 +42,9 @@ Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
   const double al = alpha.to_double();
   return record("add", {a, b}, std::move(out), [al](const Tensor& g, const FunctionNode& n) -> Grads {
     Tensor gb;
-    if (n.needs_input_grad(1)) gb = al == 1 ? g : native::mul(g, Scalar(al));
+    if (n.needs_input_grad(1)) gb = al == 1 ? g : bw::mul(g, Scalar(al));
     return {n.needs_input_grad(0) ? g : Tensor(), gb};
-  });
+  }, kDifferentiable);
 }
 
 Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
@@ -54,9 +55,9 @@ Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
   const double al = alpha.to_double();
   return record("sub", {a, b}, std::move(out), [al](const Tensor& g, const FunctionNode& n) -> Grads {
     Tensor gb;
-    if (n.needs_input_grad(1)) gb = al == 1 ? native::unary(ElemOp::Neg, g) : native::mul(g, Scalar(-al));
+    if (n.needs_input_grad(1)) gb = al == 1 ? bw::neg(g) : bw::mul(g, Scalar(-al));
     return {n.needs_input_grad(0) ? g : Tensor(), gb};
-  });
+  }, kDifferentiable);
 }
 
 // ---- mul / div
@@ -69,9 +70,9 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   SavedTensor sa = autograd::requires_grad(b) ? SavedTensor(a, "mul") : SavedTensor();
   SavedTensor sb = autograd::requires_grad(a) ? SavedTensor(b, "mul") : SavedTensor();
   return record("mul", {a, b}, std::move(out), [sa, sb](const Tensor& g, const FunctionNode& n) -> Grads {
-    return {n.needs_input_grad(0) ? native::mul(g, sb.unpack()) : Tensor(),
-            n.needs_input_grad(1) ? native::mul(g, sa.unpack()) : Tensor()};
-  });
+    return {n.needs_input_grad(0) ? bw::mul(g, sb.unpack()) : Tensor(),
+            n.needs_input_grad(1) ? bw::mul(g, sa.unpack()) : Tensor()};
+  }, kDifferentiable);
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
@@ -84,11 +85,11 @@ Tensor div(const Tensor& a, const Tensor& b) {
   return record("div", {a, b}, std::move(out), [sa, sb](const Tensor& g, const FunctionNode& n) -> Grads {
     Tensor bv = sb.unpack();
     Tensor ga, gb;
-    if (n.needs_input_grad(0)) ga = native::div(g, bv);
+    if (n.needs_input_grad(0)) ga = bw::div(g, bv);
     if (n.needs_input_grad(1))  // -g * a / b^2
-      gb = native::mul(native::div(native::mul(g, sa.unpack()), native::mul(bv, bv)), Scalar(-1.0));
+      gb = bw::mul(bw::div(bw::mul(g, sa.unpack()), bw::mul(bv, bv)), Scalar(-1.0));
     return {ga, gb};
-  });
+  }, kDifferentiable);
 }
 
 // ---- scalar forms
@@ -96,14 +97,16 @@ Tensor add(const Tensor& a, Scalar b) {
   Tensor out = native::scalar_op(ElemOp::AddScalar, a, b);
   TG_TRACE(AddScalar, out, {a}, {{"other", detail::trace_scalar(b)}});
   if (!should_record(a)) return out;
-  return record("add", {a}, std::move(out), [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
+  return record("add", {a}, std::move(out), [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; },
+                kDifferentiable);
 }
 
 Tensor sub(const Tensor& a, Scalar b) {
   Tensor out = native::scalar_op(ElemOp::AddScalar, a, negate(b));
   TG_TRACE(SubScalar, out, {a}, {{"other", detail::trace_scalar(b)}});
   if (!should_record(a)) return out;
-  return record("sub", {a}, std::move(out), [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
+  return record("sub", {a}, std::move(out), [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; },
+                kDifferentiable);
 }
 
 Tensor rsub(const Tensor& a, Scalar b) {
@@ -111,7 +114,7 @@ Tensor rsub(const Tensor& a, Scalar b) {
   TG_TRACE(RSubScalar, out, {a}, {{"other", detail::trace_scalar(b)}});
   if (!should_record(a)) return out;
   return record("rsub", {a}, std::move(out),
-                [](const Tensor& g, const FunctionNode&) -> Grads { return {native::unary(ElemOp::Neg, g)}; });
+                [](const Tensor& g, const FunctionNode&) -> Grads { return {bw::neg(g)}; }, kDifferentiable);
 }
 
 Tensor mul(const Tensor& a, Scalar b) {
@@ -119,8 +122,8 @@ Tensor mul(const Tensor& a, Scalar b) {
   TG_TRACE(MulScalar, out, {a}, {{"other", detail::trace_scalar(b)}});
   if (!should_record(a)) return out;
   return record("mul", {a}, std::move(out), [b](const Tensor& g, const FunctionNode&) -> Grads {
-    return {native::scalar_op(ElemOp::MulScalar, g, b)};
-  });
+    return {bw::mul(g, b)};
+  }, kDifferentiable);
 }
 
 Tensor div(const Tensor& a, Scalar b) {
@@ -128,19 +131,20 @@ Tensor div(const Tensor& a, Scalar b) {
   TG_TRACE(DivScalar, out, {a}, {{"other", detail::trace_scalar(b)}});
   if (!should_record(a)) return out;
   return record("div", {a}, std::move(out), [b](const Tensor& g, const FunctionNode&) -> Grads {
+    if (autograd::creating_graph()) return {tg::div(g, b)};
     return {native::scalar_op(ElemOp::DivScalar, g, b)};
-  });
+  }, kDifferentiable);
 }
 
 Tensor rdiv(const Tensor& a, Scalar b) {
   Tensor out = native::scalar_op(ElemOp::RDivScalar, a, b);
   TG_TRACE(RDivScalar, out, {a}, {{"other", detail::trace_scalar(b)}});
   if (!should_record(a)) return out;
-  SavedTensor sa(a, "rdiv"), sy(out, "rdiv");
+  SavedTensor sa(a, "rdiv"), sy(out, "rdiv", Saved::kOutput);
   return record("rdiv", {a}, std::move(out), [sa, sy](const Tensor& g, const FunctionNode&) -> Grads {
     // d(b / a)/da = -b / a^2 = -y / a
-    return {native::mul(native::div(native::mul(g, sy.unpack()), sa.unpack()), Scalar(-1.0))};
-  });
+    return {bw::mul(bw::div(bw::mul(g, sy.unpack()), sa.unpack()), Scalar(-1.0))};
+  }, kDifferentiable);
 }
 
 // ---- unary
@@ -149,7 +153,7 @@ Tensor neg(const Tensor& a) {
   TG_TRACE(Neg, out, {a}, {});
   if (!should_record(a)) return out;
   return record("neg", {a}, std::move(out),
-                [](const Tensor& g, const FunctionNode&) -> Grads { return {native::unary(ElemOp::Neg, g)}; });
+                [](const Tensor& g, const FunctionNode&) -> Grads { return {bw::neg(g)}; }, kDifferentiable);
 }
 
 // The gradients below are written in a's dtype (binary_to): the output's, except for a float16 /
@@ -160,10 +164,11 @@ Tensor exp(const Tensor& a) {
   Tensor out = widen ? native::unary_to(ElemOp::Exp, a, kFloat32) : native::unary(ElemOp::Exp, a);
   TG_TRACE(Exp, out, {a}, {});
   if (!should_record(a)) return out;
-  SavedTensor sy(out, "exp");
+  SavedTensor sy(out, "exp", Saved::kOutput);
   return record("exp", {a}, std::move(out), [sy, gd = a.dtype()](const Tensor& g, const FunctionNode&) -> Grads {
+    if (autograd::creating_graph()) return {tg::mul(g, sy.unpack())};  // the engine casts it to gd
     return {native::binary_to(ElemOp::Mul, g, sy.unpack(), gd)};
-  });
+  }, kDifferentiable);
 }
 
 Tensor log(const Tensor& a) {
@@ -174,8 +179,9 @@ Tensor log(const Tensor& a) {
   if (!should_record(a)) return out;
   SavedTensor sx(a, "log");
   return record("log", {a}, std::move(out), [sx, gd = a.dtype()](const Tensor& g, const FunctionNode&) -> Grads {
+    if (autograd::creating_graph()) return {tg::div(g, sx.unpack())};
     return {native::binary_to(ElemOp::Div, g, sx.unpack(), gd)};
-  });
+  }, kDifferentiable);
 }
 
 Tensor sqrt(const Tensor& a) {
@@ -184,10 +190,12 @@ Tensor sqrt(const Tensor& a) {
   Tensor out = widen ? native::unary_to(ElemOp::Sqrt, a, kFloat32) : native::unary(ElemOp::Sqrt, a);
   TG_TRACE(Sqrt, out, {a}, {});
   if (!should_record(a)) return out;
-  SavedTensor sy(out, "sqrt");
+  SavedTensor sy(out, "sqrt", Saved::kOutput);
   return record("sqrt", {a}, std::move(out), [sy, gd = a.dtype()](const Tensor& g, const FunctionNode&) -> Grads {
+    if (autograd::creating_graph())
+      return {bw::elementwise_backward("sqrt_backward", ElemOp::SqrtBackward, g, sy.unpack())};
     return {native::binary_to(ElemOp::SqrtBackward, g, sy.unpack(), gd)};
-  });
+  }, kDifferentiable);
 }
 
 Tensor abs(const Tensor& a) {
@@ -196,38 +204,38 @@ Tensor abs(const Tensor& a) {
   if (!should_record(a)) return out;
   SavedTensor sx(a, "abs");
   return record("abs", {a}, std::move(out), [sx](const Tensor& g, const FunctionNode&) -> Grads {
-    return {native::binary(ElemOp::AbsBackward, g, sx.unpack())};
-  });
+    return {bw::elementwise_backward("abs_backward", ElemOp::AbsBackward, g, sx.unpack())};
+  }, kDifferentiable);
 }
 
 Tensor relu(const Tensor& a) {
   Tensor out = native::unary(ElemOp::Relu, a);
   TG_TRACE(Relu, out, {a}, {});
   if (!should_record(a)) return out;
-  SavedTensor sy(out, "relu");  // y > 0 exactly where x > 0
+  SavedTensor sy(out, "relu", Saved::kOutput);  // y > 0 exactly where x > 0
   return record("relu", {a}, std::move(out), [sy](const Tensor& g, const FunctionNode&) -> Grads {
-    return {native::binary(ElemOp::ReluBackward, g, sy.unpack())};
-  });
+    return {bw::elementwise_backward("relu_backward", ElemOp::ReluBackward, g, sy.unpack())};
+  }, kDifferentiable);
 }
 
 Tensor sigmoid(const Tensor& a) {
   Tensor out = native::unary(ElemOp::Sigmoid, a);
   TG_TRACE(Sigmoid, out, {a}, {});
   if (!should_record(a)) return out;
-  SavedTensor sy(out, "sigmoid");
+  SavedTensor sy(out, "sigmoid", Saved::kOutput);
   return record("sigmoid", {a}, std::move(out), [sy](const Tensor& g, const FunctionNode&) -> Grads {
-    return {native::binary(ElemOp::SigmoidBackward, g, sy.unpack())};
-  });
+    return {bw::elementwise_backward("sigmoid_backward", ElemOp::SigmoidBackward, g, sy.unpack())};
+  }, kDifferentiable);
 }
 
 Tensor tanh(const Tensor& a) {
   Tensor out = native::unary(ElemOp::Tanh, a);
   TG_TRACE(Tanh, out, {a}, {});
   if (!should_record(a)) return out;
-  SavedTensor sy(out, "tanh");
+  SavedTensor sy(out, "tanh", Saved::kOutput);
   return record("tanh", {a}, std::move(out), [sy](const Tensor& g, const FunctionNode&) -> Grads {
-    return {native::binary(ElemOp::TanhBackward, g, sy.unpack())};
-  });
+    return {bw::elementwise_backward("tanh_backward", ElemOp::TanhBackward, g, sy.unpack())};
+  }, kDifferentiable);
 }
 
 Tensor gelu(const Tensor& a) {
@@ -236,8 +244,8 @@ Tensor gelu(const Tensor& a) {
   if (!should_record(a)) return out;
   SavedTensor sx(a, "gelu");
   return record("gelu", {a}, std::move(out), [sx](const Tensor& g, const FunctionNode&) -> Grads {
-    return {native::binary(ElemOp::GeluBackward, g, sx.unpack())};
-  });
+    return {bw::elementwise_backward("gelu_backward", ElemOp::GeluBackward, g, sx.unpack())};
+  }, kDifferentiable);
 }
 
 Tensor pow(const Tensor& a, Scalar exponent) {
@@ -249,8 +257,10 @@ Tensor pow(const Tensor& a, Scalar exponent) {
   if (!should_record(a)) return out;
   SavedTensor sx(a, "pow");
   return record("pow", {a}, std::move(out), [sx, e, gd = a.dtype()](const Tensor& g, const FunctionNode&) -> Grads {
+    if (autograd::creating_graph())
+      return {bw::elementwise_backward("pow_backward", ElemOp::PowScalarBackward, g, sx.unpack(), e)};
     return {native::binary_to(ElemOp::PowScalarBackward, g, sx.unpack(), gd, e)};
-  });
+  }, kDifferentiable);
 }
 
 Tensor pow(const Tensor& a, const Tensor& exponent) {
@@ -259,10 +269,18 @@ Tensor pow(const Tensor& a, const Tensor& exponent) {
   TG_TRACE(Pow, out, {a, exponent}, {});
   if (!should_record(a, exponent)) return out;
   SavedTensor sa(a, "pow"), sb(exponent, "pow");
-  SavedTensor sy = autograd::requires_grad(exponent) ? SavedTensor(out, "pow") : SavedTensor();
+  SavedTensor sy = autograd::requires_grad(exponent) ? SavedTensor(out, "pow", Saved::kOutput) : SavedTensor();
   return record("pow", {a, exponent}, std::move(out), [sa, sb, sy](const Tensor& g, const FunctionNode& n) -> Grads {
     Tensor x = sa.unpack(), e = sb.unpack();
     Tensor ga, gb;
+    if (autograd::creating_graph()) {  // the same formulas, recorded
+      if (n.needs_input_grad(0)) ga = tg::mul(g, tg::mul(e, tg::pow(x, tg::sub(e, Scalar(1.0)))));
+      if (n.needs_input_grad(1)) {
+        gb = tg::mul(g, tg::mul(sy.unpack(), tg::log(x)));
+        gb = tg::where(x.eq(Scalar(0)), zero_of(gb), gb);
+      }
+      return {ga, gb};
+    }
     if (n.needs_input_grad(0))  // g * e * x^(e - 1)
       ga = native::mul(g, native::mul(e, native::binary(ElemOp::Pow, x, native::add(e, Scalar(-1.0)))));
     if (n.needs_input_grad(1)) {  // g * y * log(x), taken as 0 where x == 0 (as PyTorch)
@@ -270,7 +288,7 @@ Tensor pow(const Tensor& a, const Tensor& exponent) {
       gb = native::where(native::scalar_op(ElemOp::EqScalar, x, 0), zero_of(gb), gb);
     }
     return {ga, gb};
-  });
+  }, kDifferentiable);
 }
 
 Tensor clamp(const Tensor& a, Scalar lo, Scalar hi) {
@@ -280,8 +298,9 @@ Tensor clamp(const Tensor& a, Scalar lo, Scalar hi) {
   SavedTensor sx(a, "clamp");
   return record("clamp", {a}, std::move(out), [sx, lo, hi](const Tensor& g, const FunctionNode&) -> Grads {
     // g where lo <= x <= hi, in one fused kernel.
-    return {native::binary(ElemOp::ClampBackward, g, sx.unpack(), lo.to_double(), hi.to_double())};
-  });
+    return {bw::elementwise_backward("clamp_backward", ElemOp::ClampBackward, g, sx.unpack(), lo.to_double(),
+                                     hi.to_double())};
+  }, kDifferentiable);
 }
 
 namespace {
@@ -293,14 +312,14 @@ Tensor extremum(const char* name, OpKind kind, ElemOp op, ElemOp wins, const Ten
   if (!should_record(a, b)) return out;
   SavedTensor sa(a, name), sb(b, name);
   return record(name, {a, b}, std::move(out), [sa, sb, wins](const Tensor& g, const FunctionNode& n) -> Grads {
-    Tensor x = sa.unpack(), y = sb.unpack();
-    Tensor half = native::mul(mask_grad(native::binary(ElemOp::Eq, x, y), g), Scalar(0.5));
+    Tensor x = sa.unpack(), y = sb.unpack();  // the masks below are constants (bool)
+    Tensor half = bw::mul(bw::where(native::binary(ElemOp::Eq, x, y), g, zero_of(g)), Scalar(0.5));
     Tensor ga, gb;
-    if (n.needs_input_grad(0)) ga = native::where(native::binary(wins, x, y), g, half);
-    if (n.needs_input_grad(1)) gb = native::where(native::binary(wins, y, x), g, half);
+    if (n.needs_input_grad(0)) ga = bw::where(native::binary(wins, x, y), g, half);
+    if (n.needs_input_grad(1)) gb = bw::where(native::binary(wins, y, x), g, half);
     // `half` is 0 where the other input wins, so the where above is exact.
     return {ga, gb};
-  });
+  }, kDifferentiable);
 }
 }  // namespace
 
@@ -319,9 +338,9 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   SavedTensor sc(cond, "where");
   return record("where", {a, b}, std::move(out), [sc](const Tensor& g, const FunctionNode& n) -> Grads {
     Tensor c = sc.unpack();
-    return {n.needs_input_grad(0) ? native::where(c, g, zero_of(g)) : Tensor(),
-            n.needs_input_grad(1) ? native::where(c, zero_of(g), g) : Tensor()};
-  });
+    return {n.needs_input_grad(0) ? bw::where(c, g, zero_of(g)) : Tensor(),
+            n.needs_input_grad(1) ? bw::where(c, zero_of(g), g) : Tensor()};
+  }, kDifferentiable);
 }
 
 // ---- comparisons: boolean results, never differentiable

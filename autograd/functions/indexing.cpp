@@ -11,8 +11,11 @@
 
 namespace tg {
 
+using autograd::creating_graph;
 using autograd::FunctionNode;
+using autograd::kDifferentiable;
 using autograd::record;
+namespace bw = autograd::bw;
 using autograd::SavedTensor;
 using autograd::should_record;
 using backend::ElemOp;
@@ -36,8 +39,8 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value) {
   if (!should_record(a)) return out;
   SavedTensor sm(mask, "masked_fill");
   return record("masked_fill", {a}, std::move(out), [sm](const Tensor& g, const FunctionNode&) -> Grads {
-    return {native::where(sm.unpack(), zero_of(g), g)};  // the engine sums a broadcast a back down
-  });
+    return {bw::where(sm.unpack(), zero_of(g), g)};  // the engine sums a broadcast a back down
+  }, kDifferentiable);
 }
 
 // In place (see autograd/functions/inplace.cpp): the mask must broadcast to self's shape.
@@ -66,7 +69,8 @@ Tensor tri(OpKind kind, const char* name, bool upper, const Tensor& a, int64_t d
     tracer->record(kind, out, {a}, {{"diagonal", diagonal}});
   if (!should_record(a)) return out;
   return record(name, {a}, std::move(out),
-                [keep](const Tensor& g, const FunctionNode&) -> Grads { return {native::where(keep, g, zero_of(g))}; });
+                [keep](const Tensor& g, const FunctionNode&) -> Grads { return {bw::where(keep, g, zero_of(g))}; },
+                kDifferentiable);
 }
 }  // namespace
 Tensor tril(const Tensor& a, int64_t diagonal) { return tri(OpKind::Tril, "tril", false, a, diagonal); }
@@ -89,9 +93,10 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   return record("stack", tensors, std::move(out), [d](const Tensor& g, const FunctionNode& n) -> Grads {
     Grads grads(n.next_edges.size());
     for (size_t i = 0; i < grads.size(); ++i)
-      if (n.needs_input_grad(i)) grads[i] = native::select(g, d, static_cast<int64_t>(i));
+      if (n.needs_input_grad(i))
+        grads[i] = creating_graph() ? g.select(d, static_cast<int64_t>(i)) : native::select(g, d, static_cast<int64_t>(i));
     return grads;
-  });
+  }, kDifferentiable);
 }
 
 // ---- gather / scatter / scatter_add / index_add
@@ -103,8 +108,11 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   SavedTensor si(index, "gather");
   Shape shape = a.sizes();
   return record("gather", {a}, std::move(out), [si, d, shape](const Tensor& g, const FunctionNode&) -> Grads {
-    return {scatter_add_zeros(shape, d, si.unpack(), g)};
-  });
+    Tensor idx = si.unpack();
+    return {bw::linear_map(
+        "gather_backward", g, [&](const Tensor& gs) { return scatter_add_zeros(shape, d, idx, gs); },
+        [d, idx](const Tensor& gg) { return gg.gather(d, idx); })};
+  }, kDifferentiable);
 }
 
 Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
@@ -116,9 +124,12 @@ Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& 
   SavedTensor si(index, "scatter");
   return record("scatter", {a, src}, std::move(out), [si, d](const Tensor& g, const FunctionNode& n) -> Grads {
     Tensor idx = si.unpack();
+    if (creating_graph())
+      return {n.needs_input_grad(0) ? g.scatter(d, idx, Scalar(0)) : Tensor(),
+              n.needs_input_grad(1) ? g.gather(d, idx) : Tensor()};
     return {n.needs_input_grad(0) ? native::scatter_value(g, d, idx, 0) : Tensor(),  // overwritten: no gradient
             n.needs_input_grad(1) ? native::gather(g, d, idx) : Tensor()};
-  });
+  }, kDifferentiable);
 }
 
 Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, Scalar value) {
@@ -128,8 +139,9 @@ Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, Scalar value) 
   const int64_t d = wrap(dim, a, "scatter");
   SavedTensor si(index, "scatter");
   return record("scatter", {a}, std::move(out), [si, d](const Tensor& g, const FunctionNode&) -> Grads {
+    if (creating_graph()) return {g.scatter(d, si.unpack(), Scalar(0))};
     return {native::scatter_value(g, d, si.unpack(), 0)};
-  });
+  }, kDifferentiable);
 }
 
 Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
@@ -140,8 +152,10 @@ Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tens
   const int64_t d = wrap(dim, a, "scatter_add");
   SavedTensor si(index, "scatter_add");
   return record("scatter_add", {a, src}, std::move(out), [si, d](const Tensor& g, const FunctionNode& n) -> Grads {
-    return {n.needs_input_grad(0) ? g : Tensor(), n.needs_input_grad(1) ? native::gather(g, d, si.unpack()) : Tensor()};
-  });
+    Tensor gs;
+    if (n.needs_input_grad(1)) gs = creating_graph() ? g.gather(d, si.unpack()) : native::gather(g, d, si.unpack());
+    return {n.needs_input_grad(0) ? g : Tensor(), gs};
+  }, kDifferentiable);
 }
 
 namespace {
@@ -149,7 +163,11 @@ namespace {
 autograd::BackwardFn index_add_backward(SavedTensor si, int64_t d, Scalar alpha, bool scalar_source) {
   return [si, d, alpha, scalar_source](const Tensor& g, const FunctionNode& n) -> Grads {
     Tensor gs;
-    if (n.needs_input_grad(1)) {
+    if (n.needs_input_grad(1) && creating_graph()) {
+      gs = g.index_select(d, si.unpack());
+      if (alpha.to_double() != 1) gs = gs * alpha;
+      if (scalar_source) gs = gs.reshape({});
+    } else if (n.needs_input_grad(1)) {
       gs = native::index_select(g, d, si.unpack(), false);
       if (alpha.to_double() != 1) gs = native::scalar_op(ElemOp::MulScalar, gs, alpha);
       if (scalar_source) gs = native::reshape(gs, {});
@@ -166,7 +184,8 @@ Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor
   if (!should_record(a, source)) return out;
   const int64_t d = wrap(dim, a, "index_add");
   SavedTensor si(index, "index_add");
-  return record("index_add", {a, source}, std::move(out), index_add_backward(si, d, alpha, source.dim() == 0));
+  return record("index_add", {a, source}, std::move(out), index_add_backward(si, d, alpha, source.dim() == 0),
+                kDifferentiable);
 }
 
 // In place (see autograd/functions/inplace.cpp): the same op written into self.
@@ -191,9 +210,10 @@ Tensor cumsum(const Tensor& a, int64_t dim) {
   return record("cumsum", {a}, std::move(out), [d](const Tensor& g, const FunctionNode&) -> Grads {
     if (g.dim() == 0) return {g};
     // The reversed prefix sum: grad_in[j] = sum_{i >= j} g[i] = total - cumsum(g)[j] + g[j].
+    if (creating_graph()) return {g.sum(DimList({d}), true) - g.cumsum(d) + g};
     Tensor total = native::reduce(backend::ReduceOp::Sum, g, DimList({d}), true);
     return {native::add(native::sub(total, native::cumsum(g, d)), g)};
-  });
+  }, kDifferentiable);
 }
 
 // ---- sort / argsort / topk
@@ -205,9 +225,12 @@ Tensor record_values(const char* name, const Tensor& a, Tensor values, const Ten
   SavedTensor si(indices, name);
   Shape shape = a.sizes();
   return record(name, {a}, std::move(values), [si, d, shape](const Tensor& g, const FunctionNode&) -> Grads {
-    if (shape.empty()) return {native::reshape(g, shape)};
-    return {scatter_add_zeros(shape, d, si.unpack(), g)};
-  });
+    if (shape.empty()) return {bw::reshape(g, shape)};
+    Tensor idx = si.unpack();
+    return {bw::linear_map(
+        "sort_backward", g, [&](const Tensor& gs) { return scatter_add_zeros(shape, d, idx, gs); },
+        [d, idx](const Tensor& gg) { return gg.gather(d, idx); })};
+  }, kDifferentiable);
 }
 }  // namespace
 

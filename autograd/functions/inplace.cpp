@@ -41,16 +41,18 @@ const Tensor& Tensor::add_(const Tensor& o, Scalar alpha) const {
   if (rec)
     rebase_history("add_", *this, {o}, [al = alpha.to_double()](const Tensor& g, const FunctionNode& n) -> Grads {
       Tensor go;
-      if (n.needs_input_grad(1)) go = al == 1 ? g : native::mul(g, Scalar(al));
+      if (n.needs_input_grad(1)) go = al == 1 ? g : autograd::bw::mul(g, Scalar(al));
       return {n.needs_input_grad(0) ? g : Tensor(), go};
-    });
+    }, autograd::kDifferentiable);
   return *this;
 }
 const Tensor& Tensor::add_(Scalar o) const {
   const bool rec = autograd::check_inplace(*this, "add_");
   native::scalar_op_out(ElemOp::AddScalar, *this, *this, o);
   bump(*this);
-  if (rec) rebase_history("add_", *this, {}, [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
+  if (rec)
+    rebase_history("add_", *this, {}, [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; },
+                   autograd::kDifferentiable);
   return *this;
 }
 const Tensor& Tensor::sub_(const Tensor& o, Scalar alpha) const {
@@ -60,16 +62,18 @@ const Tensor& Tensor::sub_(const Tensor& o, Scalar alpha) const {
   if (rec)
     rebase_history("sub_", *this, {o}, [al = alpha.to_double()](const Tensor& g, const FunctionNode& n) -> Grads {
       Tensor go;
-      if (n.needs_input_grad(1)) go = al == 1 ? native::unary(ElemOp::Neg, g) : native::mul(g, Scalar(-al));
+      if (n.needs_input_grad(1)) go = al == 1 ? autograd::bw::neg(g) : autograd::bw::mul(g, Scalar(-al));
       return {n.needs_input_grad(0) ? g : Tensor(), go};
-    });
+    }, autograd::kDifferentiable);
   return *this;
 }
 const Tensor& Tensor::sub_(Scalar o) const {
   const bool rec = autograd::check_inplace(*this, "sub_");
   native::scalar_op_out(ElemOp::AddScalar, *this, *this, negate(o));
   bump(*this);
-  if (rec) rebase_history("sub_", *this, {}, [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
+  if (rec)
+    rebase_history("sub_", *this, {}, [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; },
+                   autograd::kDifferentiable);
   return *this;
 }
 
@@ -96,8 +100,8 @@ const Tensor& Tensor::mul_(Scalar o) const {
   bump(*this);
   if (rec)
     rebase_history("mul_", *this, {}, [o](const Tensor& g, const FunctionNode&) -> Grads {
-      return {native::scalar_op(ElemOp::MulScalar, g, o)};
-    });
+      return {autograd::bw::mul(g, o)};
+    }, autograd::kDifferentiable);
   return *this;
 }
 const Tensor& Tensor::div_(const Tensor& o) const {
@@ -128,8 +132,9 @@ const Tensor& Tensor::div_(Scalar o) const {
   bump(*this);
   if (rec)
     rebase_history("div_", *this, {}, [o](const Tensor& g, const FunctionNode&) -> Grads {
+      if (autograd::creating_graph()) return {tg::div(g, o)};
       return {native::scalar_op(ElemOp::DivScalar, g, o)};
-    });
+    }, autograd::kDifferentiable);
   return *this;
 }
 
@@ -141,7 +146,8 @@ const Tensor& Tensor::fill_(Scalar v) const {
   bump(*this);
   if (rec)
     rebase_history("fill_", *this, {},
-                   [](const Tensor& g, const FunctionNode& n) -> Grads { return {no_grad_of_old_value(g, n)}; });
+                   [](const Tensor& g, const FunctionNode& n) -> Grads { return {no_grad_of_old_value(g, n)}; },
+                   autograd::kDifferentiable);
   return *this;
 }
 const Tensor& Tensor::uniform_(double from, double to) const {
@@ -150,7 +156,8 @@ const Tensor& Tensor::uniform_(double from, double to) const {
   bump(*this);
   if (rec)
     rebase_history("uniform_", *this, {},
-                   [](const Tensor& g, const FunctionNode& n) -> Grads { return {no_grad_of_old_value(g, n)}; });
+                   [](const Tensor& g, const FunctionNode& n) -> Grads { return {no_grad_of_old_value(g, n)}; },
+                   autograd::kDifferentiable);
   return *this;
 }
 const Tensor& Tensor::normal_(double mean, double std) const {
@@ -159,7 +166,8 @@ const Tensor& Tensor::normal_(double mean, double std) const {
   bump(*this);
   if (rec)
     rebase_history("normal_", *this, {},
-                   [](const Tensor& g, const FunctionNode& n) -> Grads { return {no_grad_of_old_value(g, n)}; });
+                   [](const Tensor& g, const FunctionNode& n) -> Grads { return {no_grad_of_old_value(g, n)}; },
+                   autograd::kDifferentiable);
   return *this;
 }
 const Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) const {
@@ -170,31 +178,32 @@ const Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) const {
   if (rec)
     rebase_history("copy_", *this, {src}, [](const Tensor& g, const FunctionNode& n) -> Grads {
       return {no_grad_of_old_value(g, n), n.needs_input_grad(1) ? g : Tensor()};
-    });
+    }, autograd::kDifferentiable);
   return *this;
 }
 
 // ---- activations and exp: the backward reads the result, saved after the bump
 namespace {
-const Tensor& unary_inplace(const char* name, ElemOp op, ElemOp bwd, const Tensor& self) {
+// `bwd_name`: the backward's own node under create_graph (autograd::bw::elementwise_backward).
+const Tensor& unary_inplace(const char* name, const char* bwd_name, ElemOp op, ElemOp bwd, const Tensor& self) {
   const bool rec = autograd::check_inplace(self, name);
   native::unary_out(op, self, self);
   bump(self);
   if (rec) {
-    SavedTensor sy(self, name);
-    rebase_history(name, self, {}, [sy, bwd](const Tensor& g, const FunctionNode&) -> Grads {
-      return {native::binary(bwd, g, sy.unpack())};
-    });
+    SavedTensor sy(self, name, autograd::Saved::kOutput);
+    rebase_history(name, self, {}, [sy, bwd_name, bwd](const Tensor& g, const FunctionNode&) -> Grads {
+      return {autograd::bw::elementwise_backward(bwd_name, bwd, g, sy.unpack())};
+    }, autograd::kDifferentiable);
   }
   return self;
 }
 }  // namespace
-const Tensor& Tensor::relu_() const { return unary_inplace("relu_", ElemOp::Relu, ElemOp::ReluBackward, *this); }
+const Tensor& Tensor::relu_() const { return unary_inplace("relu_", "relu_backward", ElemOp::Relu, ElemOp::ReluBackward, *this); }
 const Tensor& Tensor::sigmoid_() const {
-  return unary_inplace("sigmoid_", ElemOp::Sigmoid, ElemOp::SigmoidBackward, *this);
+  return unary_inplace("sigmoid_", "sigmoid_backward", ElemOp::Sigmoid, ElemOp::SigmoidBackward, *this);
 }
-const Tensor& Tensor::tanh_() const { return unary_inplace("tanh_", ElemOp::Tanh, ElemOp::TanhBackward, *this); }
-const Tensor& Tensor::exp_() const { return unary_inplace("exp_", ElemOp::Exp, ElemOp::Mul, *this); }
+const Tensor& Tensor::tanh_() const { return unary_inplace("tanh_", "tanh_backward", ElemOp::Tanh, ElemOp::TanhBackward, *this); }
+const Tensor& Tensor::exp_() const { return unary_inplace("exp_", "exp_backward", ElemOp::Exp, ElemOp::Mul, *this); }
 
 // ---- clamp_: the gradient passes where lo <= x <= hi, x being self's old value (a copy)
 const Tensor& Tensor::clamp_(Scalar lo, Scalar hi) const {

@@ -14,6 +14,7 @@ namespace tg {
 
 using autograd::FunctionNode;
 using autograd::grad_dtype_for;
+using autograd::kDifferentiable;
 using autograd::record;
 using autograd::SavedTensor;
 using autograd::should_record;
@@ -25,6 +26,26 @@ Tensor mT(const Tensor& t) { return native::transpose(t, t.dim() - 2, t.dim() - 
 // produced in the same layout, so the gradient reaching the stored tensor needs no
 // transposing copy.
 bool col_major(const Tensor& t) { return t.dim() == 2 && t.stride(0) == 1 && t.size(0) > 1 && t.stride(1) != 1; }
+
+// matmul's gradients with recorded ops (create_graph): g @ b^T and a^T @ g, 1-D operands as in forward.
+std::vector<Tensor> matmul_backward_recorded(const Tensor& g, const Tensor& a, const Tensor& b, bool need_a,
+                                            bool need_b, bool a1, bool b1) {
+  Tensor ga, gb;
+  if (a1 && b1) return {need_a ? tg::mul(b, g) : Tensor(), need_b ? tg::mul(a, g) : Tensor()};
+  Tensor g2 = g;
+  if (b1) g2 = g2.unsqueeze(g2.dim());
+  if (a1) g2 = g2.unsqueeze(g2.dim() - 1);
+  auto mt = [](const Tensor& t) { return t.transpose(t.dim() - 2, t.dim() - 1); };
+  if (need_a) {
+    ga = tg::matmul(g2, mt(b1 ? b.unsqueeze(1) : b));
+    if (a1) ga = ga.squeeze(ga.dim() - 2);
+  }
+  if (need_b) {
+    gb = tg::matmul(mt(a1 ? a.unsqueeze(0) : a), g2);
+    if (b1) gb = gb.squeeze(gb.dim() - 1);
+  }
+  return {ga, gb};
+}
 
 // A float32 gradient just computed from float16 operands (a GEMM of g and other, or with other
 // undefined the sum of g over rows: a linear's bias) is finite iff they are: an inf/NaN check
@@ -50,6 +71,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   const bool a1 = a.dim() == 1, b1 = b.dim() == 1, a_col = col_major(a), b_col = col_major(b);
   return record("matmul", {a, b}, std::move(out),
                 [sa, sb, a1, b1, a_col, b_col](const Tensor& g, const FunctionNode& n) -> Grads {
+    if (autograd::creating_graph())
+      return matmul_backward_recorded(g, sa.unpack(), sb.unpack(), n.needs_input_grad(0), n.needs_input_grad(1), a1, b1);
     Tensor ga, gb;
     if (a1 && b1) {  // dot product: g is a scalar
       if (n.needs_input_grad(0)) ga = native::mul(sb.unpack(), g);
@@ -79,7 +102,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
       note_wide_gemm(gb, g, av);
     }
     return {ga, gb};
-  });
+  }, kDifferentiable);
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -97,6 +120,19 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return record("linear", {x, weight, bias}, std::move(out),
                 [sx, sw, w_col](const Tensor& g, const FunctionNode& n) -> Grads {
     Tensor gx, gw, gb;
+    if (autograd::creating_graph()) {  // composite, recorded: g W, g^T x over the flattened batch, sum of g
+      if (n.needs_input_grad(0)) gx = tg::matmul(g, sw.unpack());
+      if (n.needs_input_grad(1) || n.needs_input_grad(2)) {
+        const int64_t out_f = g.dim() == 0 ? 1 : g.size(-1);
+        Tensor g2 = g.reshape({-1, out_f});
+        if (n.needs_input_grad(1)) {
+          Tensor x = sx.unpack();
+          gw = tg::matmul(g2.t(), x.reshape({-1, x.dim() == 0 ? 1 : x.size(-1)}));
+        }
+        if (n.needs_input_grad(2)) gb = g2.sum(DimList{0});
+      }
+      return {gx, gw, gb};
+    }
     if (n.needs_input_grad(0)) gx = native::linear_grad_input(g, sw.unpack(), grad_dtype_for(n, 0, g.dtype()));
     const bool need_w = n.needs_input_grad(1), need_b = n.needs_input_grad(2);
     if (need_w || need_b) {
@@ -107,7 +143,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       if (need_b) note_wide_gemm(gb, g, Tensor());
     }
     return {gx, gw, gb};
-  });
+  }, kDifferentiable);
 }
 
 }  // namespace tg

@@ -10,7 +10,9 @@
 namespace tg {
 
 using autograd::FunctionNode;
+using autograd::kDifferentiable;
 using autograd::record;
+namespace bw = autograd::bw;
 using autograd::SavedTensor;
 using autograd::should_record;
 using backend::ElemOp;
@@ -22,7 +24,7 @@ namespace {
 Tensor keepdim_view(const Tensor& g, const std::vector<int64_t>& dims, bool keepdim) {
   Tensor t = g;
   if (!keepdim)
-    for (int64_t d : dims) t = native::unsqueeze(t, d);  // ascending, so positions line up
+    for (int64_t d : dims) t = bw::unsqueeze(t, d);  // ascending, so positions line up
   return t;
 }
 // Sorted reduced dims; none for a 0-D input (its one element is the whole reduction).
@@ -45,8 +47,8 @@ Tensor sum(const Tensor& a, DimList dims, bool keepdim) {
   auto rd = reduced_dims(dims, a, "sum");
   Shape in_shape = a.sizes();
   return record("sum", {a}, std::move(out), [rd, in_shape, keepdim](const Tensor& g, const FunctionNode&) -> Grads {
-    return {native::expand(keepdim_view(g, rd, keepdim), in_shape)};
-  });
+    return {bw::expand(keepdim_view(g, rd, keepdim), in_shape)};
+  }, kDifferentiable);
 }
 
 Tensor mean(const Tensor& a, DimList dims, bool keepdim) {
@@ -59,8 +61,8 @@ Tensor mean(const Tensor& a, DimList dims, bool keepdim) {
   const double scale = 1.0 / static_cast<double>(reduced_count(in_shape, rd));
   return record("mean", {a}, std::move(out),
                 [rd, in_shape, keepdim, scale](const Tensor& g, const FunctionNode&) -> Grads {
-                  return {native::expand(keepdim_view(native::mul(g, Scalar(scale)), rd, keepdim), in_shape)};
-                });
+                  return {bw::expand(keepdim_view(bw::mul(g, Scalar(scale)), rd, keepdim), in_shape)};
+                }, kDifferentiable);
 }
 
 Tensor var(const Tensor& a, DimList dims, bool keepdim, int64_t correction) {
@@ -74,9 +76,11 @@ Tensor var(const Tensor& a, DimList dims, bool keepdim, int64_t correction) {
   return record("var", {a}, std::move(out), [sx, rd, keepdim, denom](const Tensor& g, const FunctionNode&) -> Grads {
     // d var / dx = 2 (x - mean) / (N - correction)
     Tensor x = sx.unpack();
+    if (autograd::creating_graph())
+      return {tg::mul(tg::sub(x, x.mean(DimList(rd), true)), tg::mul(keepdim_view(g, rd, keepdim), Scalar(2.0 / denom)))};
     Tensor diff = native::sub(x, native::reduce(ReduceOp::Mean, x, rd, true));
     return {native::mul(diff, native::mul(keepdim_view(g, rd, keepdim), Scalar(2.0 / denom)))};
-  });
+  }, kDifferentiable);
 }
 
 Tensor std(const Tensor& a, DimList dims, bool keepdim, int64_t correction) {
@@ -85,17 +89,21 @@ Tensor std(const Tensor& a, DimList dims, bool keepdim, int64_t correction) {
   TG_TRACE(Std, out, {a}, {{"dims", dims.dims()}, {"keepdim", keepdim}, {"correction", correction}});
   if (!should_record(a)) return out;
   auto rd = reduced_dims(dims, a, "std");
-  SavedTensor sx(a, "std"), sy(out, "std");
+  SavedTensor sx(a, "std"), sy(out, "std", autograd::Saved::kOutput);
   const double denom = static_cast<double>(reduced_count(a.sizes(), rd) - correction);
   return record("std", {a}, std::move(out),
                 [sx, sy, rd, keepdim, denom](const Tensor& g, const FunctionNode&) -> Grads {
                   // d std / dx = (x - mean) / ((N - correction) * std)
                   Tensor x = sx.unpack();
+                  if (autograd::creating_graph())
+                    return {tg::mul(tg::sub(x, x.mean(DimList(rd), true)),
+                                    tg::div(keepdim_view(g, rd, keepdim),
+                                            tg::mul(keepdim_view(sy.unpack(), rd, keepdim), Scalar(denom))))};
                   Tensor diff = native::sub(x, native::reduce(ReduceOp::Mean, x, rd, true));
                   Tensor coef = native::div(keepdim_view(g, rd, keepdim),
                                             native::mul(keepdim_view(sy.unpack(), rd, keepdim), Scalar(denom)));
                   return {native::mul(diff, coef)};
-                });
+                }, kDifferentiable);
 }
 
 namespace {
@@ -112,8 +120,8 @@ Tensor extreme(const char* name, OpKind kind, ReduceOp op, const Tensor& a, cons
     Tensor hit = native::binary(ElemOp::Eq, x, keepdim_view(sy.unpack(), rd, keepdim));
     Tensor mask = native::to(hit, g.device(), g.dtype());
     Tensor count = native::reduce(ReduceOp::Sum, mask, rd, true);
-    return {native::mul(mask, native::div(keepdim_view(g, rd, keepdim), count))};
-  });
+    return {bw::mul(mask, bw::div(keepdim_view(g, rd, keepdim), count))};  // mask, count: constants
+  }, kDifferentiable);
 }
 }  // namespace
 

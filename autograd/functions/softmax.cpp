@@ -11,7 +11,9 @@
 namespace tg {
 
 using autograd::FunctionNode;
+using autograd::kDifferentiable;
 using autograd::record;
+using autograd::Saved;
 using autograd::SavedTensor;
 using autograd::should_record;
 using backend::ElemOp;
@@ -25,17 +27,22 @@ Tensor softmax_impl(const Tensor& a, int64_t dim, bool log) {
   if (detail::Tracer* tracer = detail::tls_tracer) [[unlikely]]
     tracer->record(log ? OpKind::LogSoftmax : OpKind::Softmax, out, {a}, {{"dim", dim}});
   if (!should_record(a)) return out;
-  SavedTensor sy(out, name);
+  SavedTensor sy(out, name, Saved::kOutput);
   return record(name, {a}, std::move(out), [sy, dim, log](const Tensor& g, const FunctionNode&) -> Grads {
+    if (autograd::creating_graph()) {  // the kernel's formulas, recorded
+      Tensor y = sy.unpack();
+      if (log) return {tg::sub(g, tg::mul(tg::exp(y), g.sum(DimList{dim}, true)))};
+      return {tg::mul(y, tg::sub(g, tg::mul(g, y).sum(DimList{dim}, true)))};
+    }
     return {native::softmax_backward(g, sy.unpack(), dim, log)};
-  });
+  }, kDifferentiable);
 }
 
 // The keepdim form of a reduced tensor (size-1 dims re-inserted where dims were reduced).
 Tensor keepdim_view(const Tensor& g, const std::vector<int64_t>& dims, bool keepdim) {
   Tensor t = g;
   if (!keepdim)
-    for (int64_t d : dims) t = native::unsqueeze(t, d);
+    for (int64_t d : dims) t = autograd::bw::unsqueeze(t, d);
   return t;
 }
 }  // namespace
@@ -83,11 +90,19 @@ Tensor logsumexp(const Tensor& a, DimList dims, bool keepdim) {
   const DType in_dtype = a.dtype();
   return record("logsumexp", {a}, std::move(out),
                 [sx, sl, rd, keepdim, in_dtype](const Tensor& g, const FunctionNode&) -> Grads {
+                  if (autograd::creating_graph()) {  // p = exp(x - logsumexp(x)) recomputed with recorded ops
+                    Tensor x = sx.unpack();
+                    // x is the input itself unless it was widened (a copy without history).
+                    TG_CHECK(x.dtype() == in_dtype, "logsumexp: double backward not implemented for ", in_dtype,
+                             " inputs");
+                    Tensor p = tg::exp(tg::sub(x, x.logsumexp(DimList(rd), true)));
+                    return {tg::mul(p, keepdim_view(g, rd, keepdim).to(p.dtype())).to(in_dtype)};
+                  }
                   Tensor p = native::unary(ElemOp::Exp, native::sub(sx.unpack(), sl.unpack()));
                   Tensor gk = native::to(keepdim_view(g, rd, keepdim), p.device(), p.dtype());
                   Tensor gi = native::mul(p, gk);
                   return {native::to(gi, gi.device(), in_dtype)};
-                });
+                }, kDifferentiable);
 }
 
 Tensor Tensor::softmax(int64_t dim) const { return tg::softmax(*this, dim); }

@@ -13,7 +13,9 @@
 namespace tg {
 
 using autograd::FunctionNode;
+using autograd::kDifferentiable;
 using autograd::record;
+namespace bw = autograd::bw;
 using autograd::SavedTensor;
 using autograd::should_record;
 using Grads = std::vector<Tensor>;
@@ -25,7 +27,8 @@ Tensor reshape_back(const char* name, const Tensor& a, Tensor out) {
   Shape in_shape = a.sizes();
   return autograd::record_view(
       name, a, std::move(out),
-      [in_shape](const Tensor& g, const FunctionNode&) -> Grads { return {native::reshape(g, in_shape)}; });
+      [in_shape](const Tensor& g, const FunctionNode&) -> Grads { return {bw::reshape(g, in_shape)}; },
+      kDifferentiable);
 }
 // Normalizes a slice bound as Python does: negative counts from the end, then clamped.
 int64_t slice_bound(int64_t v, int64_t size) {
@@ -66,7 +69,8 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
   if (!should_record(*this)) return out;
   return autograd::record_view(
       "transpose", *this, std::move(out),
-      [d0, d1](const Tensor& g, const FunctionNode&) -> Grads { return {native::transpose(g, d0, d1)}; });
+      [d0, d1](const Tensor& g, const FunctionNode&) -> Grads { return {bw::transpose(g, d0, d1)}; },
+      kDifferentiable);
 }
 
 Tensor Tensor::t() const {
@@ -91,7 +95,8 @@ Tensor Tensor::permute(Shape dims) const {
   for (int64_t i = 0; i < nd; ++i) inverse[detail::wrap_dim(dims[i], nd, "permute")] = i;
   return autograd::record_view(
       "permute", *this, std::move(out),
-      [inverse](const Tensor& g, const FunctionNode&) -> Grads { return {native::permute(g, inverse)}; });
+      [inverse](const Tensor& g, const FunctionNode&) -> Grads { return {bw::permute(g, inverse)}; },
+      kDifferentiable);
 }
 
 Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) const {
@@ -104,10 +109,15 @@ Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) cons
   Shape in_shape = sizes();
   return record("slice", {*this}, std::move(out),
                 [in_shape, d, s, e, step](const Tensor& g, const FunctionNode&) -> Grads {
-                  Tensor gin = native::full(in_shape, 0, g.dtype(), g.device());
-                  native::copy_(native::slice(gin, d, s, e, step), g);
-                  return {gin};
-                });
+                  return {autograd::bw::linear_map(
+                      "slice_backward", g,
+                      [&](const Tensor& gs) {
+                        Tensor gin = native::full(in_shape, 0, gs.dtype(), gs.device());
+                        native::copy_(native::slice(gin, d, s, e, step), gs);
+                        return gin;
+                      },
+                      [d, s, e, step](const Tensor& gg) { return gg.slice(d, s, e, step); })};
+                }, kDifferentiable);
 }
 
 Tensor Tensor::select(int64_t dim, int64_t index) const {
@@ -118,10 +128,15 @@ Tensor Tensor::select(int64_t dim, int64_t index) const {
   const int64_t i = index < 0 ? index + size(d) : index;
   Shape in_shape = sizes();
   return record("select", {*this}, std::move(out), [in_shape, d, i](const Tensor& g, const FunctionNode&) -> Grads {
-    Tensor gin = native::full(in_shape, 0, g.dtype(), g.device());
-    native::copy_(native::select(gin, d, i), g);
-    return {gin};
-  });
+    return {autograd::bw::linear_map(
+        "select_backward", g,
+        [&](const Tensor& gs) {
+          Tensor gin = native::full(in_shape, 0, gs.dtype(), gs.device());
+          native::copy_(native::select(gin, d, i), gs);
+          return gin;
+        },
+        [d, i](const Tensor& gg) { return gg.select(d, i); })};
+  }, kDifferentiable);
 }
 
 Tensor Tensor::expand(Shape sizes) const {
@@ -129,7 +144,8 @@ Tensor Tensor::expand(Shape sizes) const {
   TG_TRACE(Expand, out, {*this}, {{"sizes", std::vector<int64_t>(sizes)}});
   if (!should_record(*this)) return out;
   // The engine sums the output-shaped gradient down to this input's shape.
-  return record("expand", {*this}, std::move(out), [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
+  return record("expand", {*this}, std::move(out), [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; },
+                kDifferentiable);
 }
 
 
@@ -142,9 +158,13 @@ Tensor Tensor::index_select(int64_t dim, const Tensor& index) const {
   SavedTensor si(index, "index_select");
   return record("index_select", {*this}, std::move(out),
                 [in_shape, d, si](const Tensor& g, const FunctionNode&) -> Grads {
-                  if (in_shape.empty()) return {native::reshape(g, in_shape)};  // 0-D input: a copy
-                  return {native::index_add_zeros(in_shape, d, si.unpack(), g)};
-                });
+                  if (in_shape.empty()) return {bw::reshape(g, in_shape)};  // 0-D input: a copy
+                  Tensor idx = si.unpack();
+                  return {bw::linear_map(
+                      "index_select_backward", g,
+                      [&](const Tensor& gs) { return native::index_add_zeros(in_shape, d, idx, gs); },
+                      [d, idx](const Tensor& gg) { return gg.index_select(d, idx); })};
+                }, kDifferentiable);
 }
 
 // ---- free spellings
@@ -184,11 +204,11 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     int64_t offset = 0;
     for (size_t i = 0; i < lengths.size(); ++i) {
       if (lengths[i] < 0) continue;
-      if (n.needs_input_grad(i)) grads[i] = native::slice(g, d, offset, offset + lengths[i], 1);
+      if (n.needs_input_grad(i)) grads[i] = bw::slice(g, d, offset, offset + lengths[i], 1);
       offset += lengths[i];
     }
     return grads;
-  });
+  }, kDifferentiable);
 }
 
 // ---- moves and copies
@@ -198,8 +218,8 @@ Tensor Tensor::to(Device device, bool non_blocking) const {
   if (out.is_same(*this) || !should_record(*this)) return out;
   const Device in_device = this->device();
   return record("to", {*this}, std::move(out), [in_device](const Tensor& g, const FunctionNode&) -> Grads {
-    return {native::to(g, in_device, g.dtype())};  // copied back to where the input lives
-  });
+    return {bw::to(g, in_device, g.dtype())};  // copied back to where the input lives
+  }, kDifferentiable);
 }
 
 Tensor Tensor::to(DType dtype) const { return to(device(), dtype); }
@@ -213,8 +233,8 @@ Tensor autograd::finish_to(const Tensor& src, Tensor out) {
   const DType in_dtype = src.dtype();
   Tensor res =
       record("to", {src}, std::move(out), [in_device, in_dtype](const Tensor& g, const FunctionNode&) -> Grads {
-        return {native::to(g, in_device, in_dtype)};  // back to the input's dtype and device (g itself if it is)
-      });
+        return {bw::to(g, in_device, in_dtype)};  // back to the input's dtype and device (g itself if it is)
+      }, kDifferentiable);
   // A float32 -> float16 / bfloat16 cast on one device also takes a float32 gradient and passes it
   // through: matmul and linear then store their gradient in float32 directly (autocast's weights).
   if (in_dtype == kFloat32 && is_reduced_float(res.dtype()) && res.device() == in_device)
@@ -228,7 +248,7 @@ Tensor Tensor::contiguous() const {
   TG_TRACE(Contiguous, out, {*this}, {});
   if (!should_record(*this)) return out;
   return autograd::record_view("contiguous", *this, std::move(out),
-                               [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
+                               [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; }, kDifferentiable);
 }
 
 Tensor Tensor::contiguous(MemoryFormat format) const {
@@ -244,7 +264,8 @@ Tensor Tensor::clone() const {
   Tensor out = native::clone(*this);
   TG_TRACE(Clone, out, {*this}, {});
   if (!should_record(*this)) return out;
-  return record("clone", {*this}, std::move(out), [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; });
+  return record("clone", {*this}, std::move(out), [](const Tensor& g, const FunctionNode&) -> Grads { return {g}; },
+                kDifferentiable);
 }
 
 Tensor Tensor::detach() const {

@@ -2,6 +2,8 @@
 // recomputes with the forward's random generators and autocast state, so the gradients of a
 // Linear + GELU + Dropout stack are bit-identical to an uncheckpointed run, on each device. A
 // closed form checks the values; the CUDA case also compares peak memory.
+#include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -190,6 +192,59 @@ TEST(CheckpointCuda, PeakMemoryIsLower) {
               plain / 1048576.0, ckpt / 1048576.0, act_bytes / 1048576.0);
   // Each block saves two activations plainly (Linear's input, GELU's input) and one checkpointed.
   EXPECT_LT(ckpt, plain - 4 * act_bytes);
+}
+
+// Issue 14's memory target, measured: 8 blocks of Linear(4096, 4096) + GELU + Dropout at batch 4096,
+// peak allocated above the baseline (parameters, their gradients, the input) with and without
+// checkpointing each block, and each pair of blocks. A plain block keeps two activations (Linear's
+// input, GELU's input: 2 x 64 MiB); a checkpointed one keeps its input only, so the stack keeps 8
+// instead of 16 activations, plus one block's (or pair's) recompute and the backward's transients.
+// The issue asks for >= 3x; with per-block inputs kept that bound is about 2x (see the printout).
+TEST(CheckpointCuda, PeakMemoryOfDeepStackIssueTarget) {
+  if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const int depth = 8;
+  const int64_t d = 4096, batch = 4096;
+  const double act_mib = static_cast<double>(batch * d * 4) / 1048576.0;
+  auto blocks = make_blocks(depth, d, Device(kCUDA));
+  auto x = tg::randn({batch, d}, kCUDA);
+  auto run = [&](int segment) {  // segment 0: plain; else blocks per checkpoint
+    for (auto& b : blocks) b->zero_grad();
+    Tensor h = x;
+    for (int i = 0; i < depth; i += std::max(segment, 1)) {
+      if (segment == 0) {
+        h = (*blocks[i])(h);
+      } else {
+        h = tg::utils::checkpoint(
+            [&, i](const std::vector<Tensor>& in) {
+              Tensor t = in[0];
+              for (int k = i; k < std::min(depth, i + segment); ++k) t = (*blocks[k])(t);
+              return t;
+            },
+            {h});
+      }
+    }
+    (h * h).mean().backward();
+  };
+  auto peak = [&](int segment) {
+    tg::cuda::synchronize();
+    const int64_t base = static_cast<int64_t>(tg::cuda::memory_allocated());
+    tg::cuda::reset_peak_memory_stats();
+    run(segment);
+    tg::cuda::synchronize();
+    return static_cast<double>(static_cast<int64_t>(tg::cuda::max_memory_allocated()) - base) / 1048576.0;
+  };
+  run(0);  // warm-up: gradients allocated, kernels and cuBLAS workspaces set up
+  const double plain = peak(0), per_block = peak(1), per_pair = peak(2);
+  std::printf("8 x (Linear 4096 + GELU + Dropout), batch 4096, one activation %.0f MiB: peak above baseline\n"
+              "  plain %.0f MiB, checkpoint per block %.0f MiB (%.2fx less), per 2 blocks %.0f MiB (%.2fx less);"
+              " issue target 3x: %s\n",
+              act_mib, plain, per_block, plain / per_block, per_pair, plain / per_pair,
+              std::max(plain / per_block, plain / per_pair) >= 3 ? "met" : "not met");
+  // What checkpointing must save at least: 16 activations kept plainly against 8 (+ one block's 2
+  // recomputed) per block.
+  EXPECT_GT(plain, 15 * act_mib);
+  EXPECT_LT(per_block, plain - 5 * act_mib);
+  EXPECT_LT(per_pair, plain - 5 * act_mib);
 }
 
 }  // namespace
