@@ -125,6 +125,12 @@ WORKLOADS = [
      ("ratio", ">=", 1.1)),
     ("gpt2_124m_train_step_b32_t1024_bf16_peak_gib", "  peak GPU memory (vs eager)", "lower", ("abs", "<=", 31.0)),
     ("gpt2_124m_first_step", "GPT-2 124M time to first step (vs torch.compile)", "lower", ("abs", "<=", 5.0)),
+
+    # ---- issue 14: autograd (tg_bench_autograd). Hessian-vector product of sum((x @ y)^2) at 8000^2 fp32:
+    # forward, grad(create_graph=True), grad(g, x, v); the create_graph chain row reports its ratio to the
+    # plain chain (autograd_chain_2000_fwd_bwd, tg_bench_overhead's row) in the program's JSON.
+    ("hvp_matmul_8000_fp32", "HVP sum((x@y)^2) 8000^2 fp32 (double backward)", "lower", ("ratio", "<=", 1.05)),
+    ("autograd_chain_2000_fwd_bwd_create_graph", "2000-op chain fwd+bwd with create_graph", "lower", None),
 ]
 # Rows whose tapegrad figure is another row's (the same program result against another PyTorch setting).
 TG_ALIASES = {
@@ -408,6 +414,19 @@ def torch_timings(warmup, reps, only):
 
             out["grad_norm_gpt2_124m_fp32"] = (event_ms(norm_iters) * 100, "us")
         del ps, gs
+    # ---- issue 14: Hessian-vector product through double backward, the same calls as tg_bench_autograd
+    if wants("hvp_matmul_8000_fp32"):
+        torch.backends.cuda.matmul.allow_tf32 = False
+        hx = torch.randn(8000, 8000, device="cuda", requires_grad=True)
+        hy, hv = torch.randn(8000, 8000, device="cuda"), torch.randn(8000, 8000, device="cuda")
+
+        def hvp():
+            f = (hx @ hy).pow(2).sum()
+            g, = torch.autograd.grad(f, hx, create_graph=True)
+            torch.autograd.grad(g, hx, hv)
+
+        out["hvp_matmul_8000_fp32"] = (event_ms(hvp), "ms")
+        del hx, hy, hv
     # ---- issue 18: SDPA causal bf16, the same calls as tg_bench_attention
     for B, H, T, D in [(32, 12, 1024, 64), (4, 16, 8192, 128)]:
         base = f"sdpa_causal_bf16_B{B}_H{H}_T{T}_D{D}"
@@ -583,6 +602,8 @@ def gpt2_timings(torch, warmup, reps, B=32, T=1024, V=50304):
     out = {}
     name = "gpt2_124m_train_step_b32_t1024_bf16"
     for mode in ("eager", "compile"):
+        if mode == "compile" and os.environ.get("TG_BENCH_NO_COMPILE") == "1":
+            continue
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -642,7 +663,9 @@ def run_tg_programs(bench_dir, reps, only):
                  # ---- issue 17: convolutions
                  "tg_bench_cnn",
                  # ---- issue 18: GPT-2 train step
-                 "tg_bench_gpt2"):
+                 "tg_bench_gpt2",
+                 # ---- issue 14: double backward, create_graph overhead
+                 "tg_bench_autograd"):
         path = os.path.join(bench_dir, prog)
         if not os.path.exists(path):
             print(f"compare_torch: {path} not found (build with -DTG_BUILD_BENCHMARKS=ON)", file=sys.stderr)
