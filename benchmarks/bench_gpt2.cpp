@@ -5,6 +5,7 @@
 // the H200's 989 dense bf16 TFLOP/s, peak memory), the same figure again for the torch.compile
 // comparison, peak GPU memory in GiB, and the time from building the model to the end of the first
 // step. compare_torch.py times the nanoGPT-style PyTorch model (eager and torch.compile) alike.
+// On CUDA at 124M, gpt2_phase_* rows (--only gpt2_phase) give the per-phase breakdown (see phases()).
 //
 //   tg_bench_gpt2                          # CUDA: 124M (12/12/768, context 1024, vocab 50304), B=32 T=1024 bf16
 //   tg_bench_gpt2 --batch 8 --seq 256      # CPU default: 2 layers, 2 heads, width 64, vocab 256, B=4 T=64 fp32
@@ -12,7 +13,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <tapegrad/tapegrad.h>
@@ -55,6 +58,110 @@ Flags take_flags(int& argc, char** argv) {
   return f;
 }
 
+// Device time (CUDA events) of one call of f: median of repeats after warm-up.
+double event_ms(const tg::bench::Options& o, const std::function<void()>& f) {
+  for (int i = 0; i < o.warmup; ++i) f();
+  std::vector<double> ms;
+  for (int r = 0; r < o.reps; ++r) {
+    tg::cuda::Event e0, e1;
+    e0.record();
+    f();
+    e1.record();
+    e1.synchronize();
+    ms.push_back(e0.elapsed_ms(e1));
+  }
+  return tg::bench::median(ms);
+}
+
+// The step's phases for benchmarks/NOTES.md's breakdown (gpt2_phase_* rows, ms per step): the
+// step itself cut at forward+loss / backward / clip / optimizer (events between the parts), and the
+// model's kernels timed alone at its shapes under bf16 autocast, forward + backward, times their
+// count per step: attention (fused SDPA), the 4 GEMMs of each block, the layer norms, and the
+// classifier (tied lm_head + cross_entropy). What the parts leave of the step is the elementwise
+// glue (GELU, residual adds, casts, embedding) and launch gaps.
+void phases(const tg::bench::Options& o, gpt2::GPT& model, tg::optim::AdamW& opt, const std::vector<tg::Tensor>& params,
+            const tg::Tensor& x, const tg::Tensor& y, int64_t B, int64_t T) {
+  namespace F = tg::nn::functional;
+  const gpt2::Config& c = model.config;
+  const int64_t C = c.n_embd, H = c.n_head, D = C / H, L = c.n_layer, N = B * T;
+  auto row = [&](const std::string& name, double ms) {
+    tg::bench::emit("gpt2_phase_" + name, ms, "ms", ms);
+  };
+  {  // the step cut in four
+    std::vector<double> f_ms, b_ms, c_ms, o_ms;
+    for (int r = 0; r < o.warmup + o.reps; ++r) {
+      tg::cuda::Event e0, e1, e2, e3, e4;
+      e0.record();
+      opt.zero_grad();
+      tg::Tensor loss;
+      {
+        tg::amp::autocast guard(tg::kCUDA, tg::kBFloat16, true);
+        loss = gpt2::loss_fn(model(x), y);
+      }
+      e1.record();
+      loss.backward();
+      e2.record();
+      tg::nn::utils::clip_grad_norm_(params, 1.0);
+      e3.record();
+      opt.step();
+      e4.record();
+      e4.synchronize();
+      if (r < o.warmup) continue;
+      f_ms.push_back(e0.elapsed_ms(e1));
+      b_ms.push_back(e1.elapsed_ms(e2));
+      c_ms.push_back(e2.elapsed_ms(e3));
+      o_ms.push_back(e3.elapsed_ms(e4));
+    }
+    row("step_forward_loss", tg::bench::median(f_ms));
+    row("step_backward", tg::bench::median(b_ms));
+    row("step_clip", tg::bench::median(c_ms));
+    row("step_optimizer", tg::bench::median(o_ms));
+  }
+  const auto bf = tg::TensorOptions().dtype(tg::kBFloat16).device(tg::kCUDA);
+  auto leaf = [](tg::Tensor t) { return t.requires_grad_(true); };
+  {  // attention: L fused SDPA calls, forward + backward
+    tg::Tensor q = leaf(tg::randn({B, H, T, D}, bf)), k = leaf(tg::randn({B, H, T, D}, bf)),
+               v = leaf(tg::randn({B, H, T, D}, bf)), g = tg::randn({B, H, T, D}, bf);
+    row("attention", L * event_ms(o, [&] {
+          F::scaled_dot_product_attention(q, k, v, {.is_causal = true}).backward(g);
+        }));
+  }
+  {  // the GEMMs of a block (c_attn, attn c_proj, c_fc, mlp c_proj), fp32 weights under bf16 autocast
+    const auto f32 = tg::TensorOptions().device(tg::kCUDA);
+    double sum = 0;
+    for (auto [in, out] : {std::pair<int64_t, int64_t>{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}) {
+      tg::Tensor a = leaf(tg::randn({B, T, in}, bf)), w = leaf(tg::randn({out, in}, f32) * 0.02),
+                 b = leaf(tg::zeros({out}, f32)), g = tg::randn({B, T, out}, bf);
+      sum += event_ms(o, [&] {
+        tg::amp::autocast guard(tg::kCUDA, tg::kBFloat16, true);
+        tg::linear(a, w, b).backward(g);
+      });
+    }
+    row("gemms", L * sum);
+  }
+  {  // 2 layer norms per block and ln_f, in float32 as the residual stream
+    tg::Tensor h = leaf(tg::randn({B, T, C}, tg::kCUDA)), w = leaf(tg::ones({C}, tg::kCUDA)),
+               b = leaf(tg::zeros({C}, tg::kCUDA)), g = tg::randn({B, T, C}, tg::kCUDA);
+    row("layer_norms", (2 * L + 1) * event_ms(o, [&] {
+                         tg::amp::autocast guard(tg::kCUDA, tg::kBFloat16, true);
+                         F::layer_norm(h, {C}, w, b).backward(g);
+                       }));
+  }
+  {  // the classifier: logits = h wte^T in bf16, cross_entropy over the vocabulary
+    tg::Tensor h = leaf(tg::randn({N, C}, tg::kCUDA)),
+               w = leaf(tg::randn({c.vocab_size, C}, tg::kCUDA) * 0.02);
+    const tg::Tensor t = y.reshape({N});
+    row("classifier", event_ms(o, [&] {
+          tg::Tensor loss;
+          {
+            tg::amp::autocast guard(tg::kCUDA, tg::kBFloat16, true);
+            loss = F::cross_entropy(tg::linear(h, w), t);
+          }
+          loss.backward();
+        }));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -86,7 +193,7 @@ int main(int argc, char** argv) {
       is_124m ? "124m" : "l" + std::to_string(c.n_layer) + "h" + std::to_string(c.n_head) + "c" + std::to_string(c.n_embd);
   const std::string name = "gpt2_" + model_name + "_train_step_b" + std::to_string(B) + "_t" + std::to_string(T) +
                            "_" + f.precision + (cuda ? "" : "_cpu");
-  if (!o.wants(name) && !o.wants("gpt2_" + model_name + "_first_step")) return 0;
+  if (!o.wants(name) && !o.wants("gpt2_" + model_name + "_first_step") && !o.wants("gpt2_phase")) return 0;
 
   const tg::Device dev = cuda ? tg::Device(tg::kCUDA) : tg::Device(tg::kCPU);
   auto sync = [&] {
@@ -141,6 +248,7 @@ int main(int argc, char** argv) {
       tg::bench::emit(name + "_peak_gib", peak_gib, "GiB", med);
     }
   }
+  if (cuda && is_124m && o.wants("gpt2_phase")) phases(o, model, opt, params, x, y, B, T);
   if (o.wants("gpt2_" + model_name + "_first_step"))
     tg::bench::emit("gpt2_" + model_name + "_first_step" + (cuda ? "" : "_cpu"), first_step_s, "s",
                     first_step_s * 1e3);
