@@ -71,6 +71,16 @@ Tensor second_derivative(const char* op, ElemOp bwd, const Tensor& g, const Tens
       Tensor phi = tg::mul(tg::exp(tg::mul(tg::mul(s, s), -0.5)), inv_sqrt_2pi);
       return tg::mul(g, tg::mul(phi, tg::rsub(tg::mul(s, s), 2.0)));
     }
+    case ElemOp::GeluTanhBackward: {  // gelu_tanh'' = (1 - t^2) (u' + x (u'' - 2 t u'^2) / 2),
+      // t = tanh(u), u = k (x + c x^3), u' = k (1 + 3 c x^2), u'' = 6 k c x
+      const double k = 0.7978845608028654, c = 0.044715;
+      Tensor x2 = tg::mul(s, s);
+      Tensor t = tg::tanh(tg::mul(tg::add(s, tg::mul(tg::mul(x2, s), c)), k));
+      Tensor du = tg::mul(tg::add(tg::mul(x2, 3 * c), 1.0), k);
+      Tensor inner = tg::sub(tg::mul(s, 6 * k * c), tg::mul(tg::mul(t, tg::mul(du, du)), 2.0));
+      Tensor d = tg::mul(tg::rsub(tg::mul(t, t), 1.0), tg::add(du, tg::mul(tg::mul(s, inner), 0.5)));
+      return tg::mul(g, d);
+    }
     case ElemOp::SiluBackward: {  // g sig (1 + x (1 - sig)) -> g sig (1 - sig) (2 + x (1 - 2 sig))
       Tensor sg = tg::sigmoid(s);
       Tensor d1 = tg::mul(sg, tg::rsub(sg, 1.0));

@@ -1,4 +1,5 @@
-// batch_norm (training: the native batch_norm kernels with the backward right below; eval: x * scale
+// batch_norm (training: the native batch_norm kernels with the backward right below, recorded ops
+// under create_graph; eval: x * scale
 // + shift as broadcast ops), group_norm (layer_norm's fused kernels on [N * groups, rest], then the
 // per-channel affine as broadcast mul / add), and the modules.
 #include <tapegrad/nn/batch_norm.h>
@@ -49,6 +50,30 @@ Tensor affine_out(Tensor y, const Tensor& x, const Tensor& weight, const Tensor&
   return y.to(x.dtype()).contiguous();
 }
 
+// batch_norm's gradients (training mode) with recorded ops, for create_graph: the statistics
+// recomputed from x, then with xh = (x - mean) rstd over every dim but the channel's and
+// gh = g weight: gx = rstd (gh - mean(gh) - xh mean(gh xh)), gw = sum(g xh), gb = sum(g).
+std::vector<Tensor> batch_norm_backward_recorded(const Tensor& g, const Tensor& x, const Tensor& weight, double eps,
+                                                 DType wdt, DType bdt, bool need_x, bool need_w, bool need_b) {
+  const DType dt = compute_dtype(x.dtype());
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (d != 1) dims.push_back(d);
+  const DimList red(dims);
+  Tensor xf = x.to(dt), gf = g.to(dt);
+  Tensor xc = xf - xf.mean(red, true);
+  Tensor rstd = tg::rsqrt((xc * xc).mean(red, true) + eps);
+  Tensor xh = xc * rstd;
+  std::vector<Tensor> out(3);
+  if (need_x) {
+    Tensor gh = weight.defined() ? gf * per_channel(weight, x, dt) : gf;
+    out[0] = (rstd * (gh - gh.mean(red, true) - xh * (gh * xh).mean(red, true))).to(x.dtype());
+  }
+  if (need_w) out[1] = (gf * xh).sum(red).to(wdt);
+  if (need_b) out[2] = gf.sum(red).to(bdt);
+  return out;
+}
+
 // Training mode on a non-empty x: the fused kernels (native::batch_norm_*), batch statistics,
 // the running-stat update, and a node whose backward is one per-channel reduction and one
 // elementwise pass. Per-channel vectors in the accumulation dtype.
@@ -73,15 +98,19 @@ Tensor batch_norm_train(const Tensor& x, const Tensor& running_mean, const Tenso
   Tensor y = native::batch_norm_elemt(x, mean, scale, shift);
   if (!autograd::should_record(x, weight, bias)) return y;
   const char* op = "batch_norm";
-  Tensor xs = native::contiguous(x);
-  autograd::SavedTensor sx(xs, op);
+  autograd::SavedTensor sx(x, op);  // x itself (its history: the create_graph branch differentiates through it)
   const DType wdt = weight.defined() ? weight.dtype() : dt, bdt = bias.defined() ? bias.dtype() : dt;
+  autograd::SavedTensor sw = weight.defined() ? autograd::SavedTensor(weight, op) : autograd::SavedTensor();
+  const bool has_w = weight.defined();
   return autograd::record(
       op, {x, weight, bias}, std::move(y),
-      [sx, mean, invstd, scale, count, wdt, bdt](const Tensor& g,
-                                                 const autograd::FunctionNode& n) -> std::vector<Tensor> {
+      [sx, sw, has_w, mean, invstd, scale, count, eps, wdt, bdt](
+          const Tensor& g, const autograd::FunctionNode& n) -> std::vector<Tensor> {
+        if (autograd::creating_graph())
+          return batch_norm_backward_recorded(g, sx.unpack(), has_w ? sw.unpack() : Tensor(), eps, wdt, bdt,
+                                              n.needs_input_grad(0), n.needs_input_grad(1), n.needs_input_grad(2));
         NoGradGuard no_grad;
-        const Tensor xv = sx.unpack();
+        const Tensor xv = native::contiguous(sx.unpack());
         auto [sum_dy, sum_dy_xhat] = native::batch_norm_reduce(g, xv, mean, invstd);
         std::vector<Tensor> out(3);
         if (n.needs_input_grad(0))
@@ -90,7 +119,8 @@ Tensor batch_norm_train(const Tensor& x, const Tensor& running_mean, const Tenso
         if (n.needs_input_grad(1)) out[1] = sum_dy_xhat.to(wdt);
         if (n.needs_input_grad(2)) out[2] = sum_dy.to(bdt);
         return out;
-      });
+      },
+      autograd::kDifferentiable);
 }
 
 // Traced operands: x[, weight[, bias]]; a bias without a weight traces a weight of ones.

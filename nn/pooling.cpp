@@ -1,4 +1,5 @@
-// max_pool2d / avg_pool2d / adaptive_avg_pool2d with their backward right below, and the modules.
+// max_pool2d / avg_pool2d / adaptive_avg_pool2d with their backward right below (differentiable again:
+// see pool_backward), and the modules.
 #include <tapegrad/nn/pooling.h>
 
 #include <vector>
@@ -10,16 +11,39 @@
 namespace tg::nn {
 
 namespace {
+std::tuple<Tensor, Tensor> pool(const char* op, const Tensor& x, backend::Pool2dArgs a, bool ceil_mode);
+
+// The input gradient: one backend call. It is linear in g, so under create_graph it is recorded
+// (bw::linear_map) with its adjoint as backward: for max, g2 gathered at the saved indices; for
+// the averages, the pool itself (its backward spreads g / divisor over each window, the transpose
+// of summing a window and dividing), so every order of derivative exists.
+Tensor pool_backward(const char* op, const backend::Pool2dArgs& a, bool ceil_mode, const Tensor& g,
+                     const Tensor& indices, const Shape& in_shape) {
+  auto f = [&](const Tensor& gy) { return native::pool2d_backward(a, gy, indices, in_shape); };
+  if (!autograd::creating_graph()) return f(g);
+  const Shape out_shape = g.sizes();
+  const char* name = a.kind == backend::PoolKind::Max   ? "max_pool2d_backward"
+                     : a.kind == backend::PoolKind::Avg ? "avg_pool2d_backward"
+                                                        : "adaptive_avg_pool2d_backward";
+  return autograd::bw::linear_map(name, g, f, [op, a, ceil_mode, indices, out_shape](const Tensor& gg) {
+    if (a.kind == backend::PoolKind::Max)
+      return gg.flatten(-2).gather(-1, indices.flatten(-2)).reshape(out_shape);
+    return std::get<0>(pool(op, gg, a, ceil_mode));
+  });
+}
+
 // Runs the pool and records its backward (the input gradient only; indices saved for Max).
 std::tuple<Tensor, Tensor> pool(const char* op, const Tensor& x, backend::Pool2dArgs a, bool ceil_mode) {
   auto [out, indices] = native::pool2d(op, x, a, ceil_mode);
   if (!autograd::should_record(x)) return {out, indices};
   autograd::SavedTensor si = indices.defined() ? autograd::SavedTensor(indices, op) : autograd::SavedTensor();
   const Shape in_shape = x.sizes();
-  out = autograd::record(op, {x}, std::move(out),
-                         [a, si, in_shape](const Tensor& g, const autograd::FunctionNode&) -> std::vector<Tensor> {
-                           return {native::pool2d_backward(a, g, si.unpack(), in_shape)};
-                         });
+  out = autograd::record(
+      op, {x}, std::move(out),
+      [op, a, ceil_mode, si, in_shape](const Tensor& g, const autograd::FunctionNode&) -> std::vector<Tensor> {
+        return {pool_backward(op, a, ceil_mode, g, si.unpack(), in_shape)};
+      },
+      autograd::kDifferentiable);
   return {out, indices};
 }
 

@@ -1,4 +1,5 @@
-// interpolate with its backward right below (core/native/interpolate.cpp), and the Upsample module.
+// interpolate with its backward right below (core/native/interpolate.cpp; differentiable again, see
+// upsample()), and the Upsample module.
 #include <tapegrad/nn/upsample.h>
 
 #include <cmath>
@@ -9,6 +10,28 @@
 #include <tapegrad/core/trace.h>
 
 namespace tg::nn {
+
+namespace {
+// The resolved interpolation and its node. The input gradient is linear in g, so under
+// create_graph it is recorded (bw::linear_map) with its adjoint, the interpolation itself, as
+// backward: the backward kernel adds each output's weighted gradient into the inputs it read,
+// the transpose of the forward's weighted reads. Every order of derivative exists.
+Tensor upsample(const Tensor& x, backend::Upsample2dArgs a) {
+  const char* op = "interpolate";
+  Tensor y = native::upsample2d(op, x, a);
+  if (!autograd::should_record(x)) return y;
+  const Shape in_shape = x.sizes();
+  return autograd::record(
+      op, {x}, std::move(y),
+      [a, in_shape](const Tensor& g, const autograd::FunctionNode&) -> std::vector<Tensor> {
+        auto f = [&](const Tensor& gy) { return native::upsample2d_backward(a, gy, in_shape); };
+        if (!autograd::creating_graph()) return {f(g)};
+        return {autograd::bw::linear_map("interpolate_backward", g, f,
+                                         [a](const Tensor& gg) { return upsample(gg, a); })};
+      },
+      autograd::kDifferentiable);
+}
+}  // namespace
 
 namespace functional {
 
@@ -62,14 +85,7 @@ Tensor interpolate(const Tensor& x, const InterpolateFuncOptions& o) {
   a.OW = out[1];
   a.scale_h = scales[0];
   a.scale_w = scales[1];
-  Tensor y = native::upsample2d(op, x, a);
-  if (autograd::should_record(x)) {
-    const Shape in_shape = xs;
-    y = autograd::record(op, {x}, std::move(y),
-                         [a, in_shape](const Tensor& g, const autograd::FunctionNode&) -> std::vector<Tensor> {
-                           return {native::upsample2d_backward(a, g, in_shape)};
-                         });
-  }
+  Tensor y = upsample(x, a);
   std::vector<int64_t> size_attr;
   for (int64_t d = 0; d < sd; ++d) size_attr.push_back(out[2 - sd + d]);
   TG_TRACE(Interpolate, y, {x},

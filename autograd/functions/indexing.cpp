@@ -54,8 +54,8 @@ const Tensor& Tensor::masked_fill_(const Tensor& mask, Scalar value) const {
   if (rec) {
     SavedTensor sm(mask, "masked_fill_");
     autograd::rebase_history("masked_fill_", *this, {}, [sm](const Tensor& g, const FunctionNode&) -> Grads {
-      return {native::where(sm.unpack(), zero_of(g), g)};
-    });
+      return {bw::where(sm.unpack(), zero_of(g), g)};
+    }, kDifferentiable);
   }
   return *this;
 }
@@ -196,7 +196,8 @@ const Tensor& Tensor::index_add_(int64_t dim, const Tensor& index, const Tensor&
   if (rec)
     autograd::rebase_history("index_add_", *this, {source},
                              index_add_backward(SavedTensor(index, "index_add_"), wrap(dim, *this, "index_add_"),
-                                                alpha, source.dim() == 0));
+                                                alpha, source.dim() == 0),
+                             kDifferentiable);
   return *this;
 }
 

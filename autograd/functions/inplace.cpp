@@ -5,11 +5,13 @@
 // recorded as in PyTorch (autograd::rebase_history): self's history, or for a view its base's
 // (CopySlices), goes through the op's backward. A backward that reads the result saves it after
 // the bump; one that reads self's old value saves a copy taken before the write (PyTorch's
-// original_self: mul_, div_, clamp_), so a later in-place op does not invalidate it.
+// original_self: mul_, div_, clamp_), so a later in-place op does not invalidate it. Every
+// backward here computes with autograd::bw, so create_graph differentiates it again.
 #include <limits>
 #include <vector>
 
 #include <tapegrad/autograd/function.h>
+#include <tapegrad/core/trace.h>
 
 namespace tg {
 
@@ -26,6 +28,13 @@ Scalar negate(const Scalar& s) {
   // Integral negation wraps (-INT64_MIN is INT64_MIN), as the integer kernels do.
   return s.is_integral() ? Scalar(static_cast<long long>(0ULL - static_cast<uint64_t>(s.to_int())))
                          : Scalar(-s.to_double());
+}
+// A copy of self's value before an in-place write, for a backward that reads it (PyTorch's
+// original_self). Taken with tg::clone, so it keeps self's old history: the gradient computed from
+// it under create_graph reaches what self was computed from (its double backward is exact).
+Tensor original_self(const Tensor& self) {
+  detail::TracerGuard untraced(nullptr);  // bookkeeping, not part of a traced program
+  return self.clone();
 }
 // The gradient of self for ops whose result does not depend on self's old value (fill_, copy_).
 Tensor no_grad_of_old_value(const Tensor& g, const FunctionNode& n) {
@@ -83,15 +92,15 @@ const Tensor& Tensor::mul_(const Tensor& o) const {
   SavedTensor so, old_self;
   if (rec) {
     so = SavedTensor(o, "mul_");
-    if (autograd::requires_grad(o)) old_self = SavedTensor(native::clone(*this), "mul_");  // o's gradient reads it
+    if (autograd::requires_grad(o)) old_self = SavedTensor(original_self(*this), "mul_");  // o's gradient reads it
   }
   native::binary_out(ElemOp::Mul, *this, *this, o);
   bump(*this);
   if (rec)
     rebase_history("mul_", *this, {o}, [so, old_self](const Tensor& g, const FunctionNode& n) -> Grads {
-      return {n.needs_input_grad(0) ? native::mul(g, so.unpack()) : Tensor(),
-              n.needs_input_grad(1) ? native::mul(g, old_self.unpack()) : Tensor()};
-    });
+      return {n.needs_input_grad(0) ? autograd::bw::mul(g, so.unpack()) : Tensor(),
+              n.needs_input_grad(1) ? autograd::bw::mul(g, old_self.unpack()) : Tensor()};
+    }, autograd::kDifferentiable);
   return *this;
 }
 const Tensor& Tensor::mul_(Scalar o) const {
@@ -110,19 +119,20 @@ const Tensor& Tensor::div_(const Tensor& o) const {
   SavedTensor so, old_self;
   if (rec) {
     so = SavedTensor(o, "div_");
-    if (autograd::requires_grad(o)) old_self = SavedTensor(native::clone(*this), "div_");  // o's gradient reads it
+    if (autograd::requires_grad(o)) old_self = SavedTensor(original_self(*this), "div_");  // o's gradient reads it
   }
   native::binary_out(ElemOp::Div, *this, *this, o);
   bump(*this);
   if (rec)
     rebase_history("div_", *this, {o}, [so, old_self](const Tensor& g, const FunctionNode& n) -> Grads {
+      namespace bw = autograd::bw;
       Tensor ov = so.unpack();
       Tensor gs, go;
-      if (n.needs_input_grad(0)) gs = native::div(g, ov);
+      if (n.needs_input_grad(0)) gs = bw::div(g, ov);
       if (n.needs_input_grad(1))  // -g x / o^2
-        go = native::mul(native::div(native::mul(g, old_self.unpack()), native::mul(ov, ov)), Scalar(-1.0));
+        go = bw::mul(bw::div(bw::mul(g, old_self.unpack()), bw::mul(ov, ov)), Scalar(-1.0));
       return {gs, go};
-    });
+    }, autograd::kDifferentiable);
   return *this;
 }
 const Tensor& Tensor::div_(Scalar o) const {
@@ -208,14 +218,14 @@ const Tensor& Tensor::exp_() const { return unary_inplace("exp_", "exp_backward"
 // ---- clamp_: the gradient passes where lo <= x <= hi, x being self's old value (a copy)
 const Tensor& Tensor::clamp_(Scalar lo, Scalar hi) const {
   const bool rec = autograd::check_inplace(*this, "clamp_");
-  SavedTensor old_self = rec ? SavedTensor(native::clone(*this), "clamp_") : SavedTensor();
+  SavedTensor old_self = rec ? SavedTensor(original_self(*this), "clamp_") : SavedTensor();
   const double l = lo.to_double(), h = hi.to_double();
   native::unary_out(ElemOp::Clamp, *this, *this, l, h);
   bump(*this);
   if (rec)
     rebase_history("clamp_", *this, {}, [old_self, l, h](const Tensor& g, const FunctionNode&) -> Grads {
-      return {native::binary(ElemOp::ClampBackward, g, old_self.unpack(), l, h)};
-    });
+      return {autograd::bw::elementwise_backward("clamp_backward", ElemOp::ClampBackward, g, old_self.unpack(), l, h)};
+    }, autograd::kDifferentiable);
   return *this;
 }
 const Tensor& Tensor::clamp_min_(Scalar lo) const { return clamp_(lo, std::numeric_limits<double>::infinity()); }
