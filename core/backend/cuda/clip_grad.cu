@@ -70,13 +70,13 @@ OutType out_type(DType t) {
 // What every launch of one total-norm call shares: the partials of all its blocks, the counter
 // of blocks done, and where the last block writes the results.
 struct NormCall {
-  double* partials;    // one per block of every launch of the call
-  unsigned* done;      // starts at 0; the last block sets it back to 0
-  int total_blocks;    // of all the call's launches
+  double* partials;  // one per block of every launch of the call
+  unsigned* done;    // starts at 0; the last block sets it back to 0
+  int total_blocks;  // of all the call's launches
   double p;
-  void* total;         // one element of `total_type`
+  void* total;  // one element of `total_type`
   OutType total_type;
-  double* coef;        // or null
+  double* coef;  // or null
   double max_norm;
 };
 
