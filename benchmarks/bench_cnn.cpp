@@ -10,10 +10,21 @@
 // The input and labels are drawn once and reused (PyTorch's side does the same). Channels-last:
 // The CUDA rows run channels-last with cuDNN autotuning on (tg::backends::cudnn::set_benchmark), as
 // PyTorch's rows (channels_last, cudnn.benchmark) in the issue's table.
+// Issue #16's DataLoader row (a GPU-bound consumer loses <= 5% to the loader; tapegrad only): the step fed
+// by a DataLoader over a map-style Dataset of 50000 uint8 3x32x32 images in host memory (shuffled,
+// drop_last, 4 workers, pinned, copied on the loader's side stream, normalize_images on the GPU),
+// against the same step on loader batches kept resident on the GPU (normalised the same way);
+// 30 steps per repeat, host clock around synchronised runs, the two interleaved:
+//   resnet18_amp_dataloader_step           ms/step  fed by the DataLoader
+//   resnet18_amp_dataloader_resident_step  ms/step  the batches already on the GPU
+//   resnet18_amp_dataloader_loss           fraction fed / resident - 1 (target <= 0.05)
 //
 //   tg_bench_cnn [--reps N] [--warmup N] [--only SUBSTRING]
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,12 +50,14 @@ struct ResNetStep {
     model.to(tg::MemoryFormat::ChannelsLast);
     x = x.contiguous(tg::MemoryFormat::ChannelsLast);
   }
-  void step() {
+  void step() { step(x, y); }
+  // One step on another batch (xb on the GPU; channels-last is the fast layout).
+  void step(const tg::Tensor& xb, const tg::Tensor& yb) {
     opt.zero_grad();
     tg::Tensor loss;
     {
       tg::amp::autocast guard(tg::kCUDA, tg::kFloat16);
-      loss = F::cross_entropy(model(x), y);
+      loss = F::cross_entropy(model(xb), yb);
     }
     scaler.scale(loss).backward();
     scaler.step(opt);
@@ -55,6 +68,35 @@ struct ResNetStep {
   tg::amp::GradScaler scaler;
   tg::Tensor x, y;
 };
+
+// ---- issue 16: the DataLoader feeding the ResNet-18 step.
+constexpr int64_t kImages = 50000, kFedSteps = 30;
+
+// 50000 uint8 3x32x32 images and int64 labels in [0, 10) in host memory (tg_bench_dataloader's
+// CIFAR-10-shaped data, with class labels); sample i is views of row i (no copy).
+class HostImages : public tg::data::Dataset {
+ public:
+  HostImages() {
+    std::vector<uint8_t> px(static_cast<size_t>(kImages * 3 * 32 * 32));
+    uint32_t state = 12345;
+    for (uint8_t& p : px) p = static_cast<uint8_t>((state = state * 1664525u + 1013904223u) >> 24);
+    images_ = tg::tensor(px, {kImages, 3, 32, 32});
+    std::vector<int64_t> labels(static_cast<size_t>(kImages));
+    for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int64_t>(i) % kClasses;
+    labels_ = tg::tensor(labels, {kImages});
+  }
+  int64_t size() const override { return kImages; }
+  std::vector<tg::Tensor> get(int64_t i) const override { return {images_.select(0, i), labels_.select(0, i)}; }
+
+ private:
+  tg::Tensor images_, labels_;
+};
+
+// uint8 [N, 3, 32, 32] on the GPU -> the float32 channels-last input of the step.
+tg::Tensor prepare(const tg::Tensor& images) {
+  static const std::vector<double> mean{0.4914, 0.4822, 0.4465}, stdv{0.2470, 0.2435, 0.2616};
+  return tg::data::normalize_images(images, mean, stdv).contiguous(tg::MemoryFormat::ChannelsLast);
+}
 
 // Median ms per call of `fn` over reps, `calls` calls between two CUDA events per repeat.
 double cuda_ms(const tg::bench::Options& o, int calls, const std::function<void()>& fn) {
@@ -133,6 +175,67 @@ int main(int argc, char** argv) {
       emit("resnet18_amp_step", ms, "ms", ms,
            "\"batch\": 512, \"peak_mib\": " +
                std::to_string(static_cast<double>(tg::cuda::max_memory_allocated()) / (1024.0 * 1024.0)));
+    });
+  }
+  if (o.wants("resnet18_amp_dataloader_step") || o.wants("resnet18_amp_dataloader_resident_step") ||
+      o.wants("resnet18_amp_dataloader_loss")) {
+    ok &= run(o, "resnet18_amp_dataloader_step", [&] {
+      tg::cuda::synchronize();
+      tg::cuda::empty_cache();
+      tg::manual_seed(0);
+      auto ds = std::make_shared<HostImages>();
+      tg::data::DataLoader loader(ds, {.batch_size = kBatch, .shuffle = true, .drop_last = true, .num_workers = 4,
+                                       .pin_memory = true, .device = tg::Device(tg::kCUDA), .seed = 0});
+      // The loader's batches without end: a new epoch (shuffle, workers) starts when one is used up.
+      auto it = loader.begin();
+      auto next = [&] {
+        if (it == loader.end()) {
+          it = {};  // the finished epoch's workers are joined before the next one starts
+          it = loader.begin();
+        }
+        std::vector<tg::Tensor> b = *it;
+        ++it;
+        return b;
+      };
+      ResNetStep s;
+      auto fed = [&] {
+        const std::vector<tg::Tensor> b = next();
+        s.step(prepare(b[0]), b[1]);
+      };
+      // The same kind of batches, kept on the GPU: uint8 images and labels as the loader delivers them.
+      std::vector<std::vector<tg::Tensor>> resident;
+      for (int64_t i = 0; i < kFedSteps; ++i) resident.push_back(next());
+      size_t r_next = 0;
+      auto on_gpu = [&] {
+        const std::vector<tg::Tensor>& b = resident[r_next++ % resident.size()];
+        s.step(prepare(b[0]), b[1]);
+      };
+      for (int i = 0; i < std::max(o.warmup, 3); ++i) {  // cuDNN's autotuning, the workers started
+        fed();
+        on_gpu();
+      }
+      auto ms_per_step = [&](const std::function<void()>& step) {
+        tg::cuda::synchronize();
+        const double t0 = tg::bench::now_s();
+        for (int64_t i = 0; i < kFedSteps; ++i) step();
+        tg::cuda::synchronize();
+        return (tg::bench::now_s() - t0) * 1e3 / static_cast<double>(kFedSteps);
+      };
+      std::vector<double> fed_ms, gpu_ms;
+      for (int r = 0; r < o.reps; ++r) {  // interleaved, so that drift touches both alike
+        gpu_ms.push_back(ms_per_step(on_gpu));
+        fed_ms.push_back(ms_per_step(fed));
+      }
+      const double a = median(fed_ms), b = median(gpu_ms), loss = a / b - 1.0;
+      const std::string extra = "\"batch\": 512, \"workers\": 4, \"steps\": " + std::to_string(kFedSteps) +
+                                ", \"fed_ms\": " + std::to_string(a) + ", \"resident_ms\": " + std::to_string(b);
+      emit("resnet18_amp_dataloader_step", a, "ms", a, extra);
+      emit("resnet18_amp_dataloader_resident_step", b, "ms", b, extra);
+      emit("resnet18_amp_dataloader_loss", loss, "fraction", a, extra);
+      std::fprintf(stderr,
+                   "resnet18_amp_dataloader: %.3f ms/step fed by the DataLoader, %.3f ms/step resident: "
+                   "%+.1f%% (target <= +5%%)\n",
+                   a, b, loss * 100.0);
     });
   }
   ok &= run(o, "resnet18_amp_step_graph", [&] {

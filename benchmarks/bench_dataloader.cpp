@@ -3,7 +3,9 @@
 // collated into pinned memory (one memcpy per sample), copied to the GPU on the loader's side
 // stream and normalised there (normalize_images). One JSON line per workload with images/s over
 // a whole epoch (median over --reps epochs; the GPU work is synchronised at the epoch's end).
-// Target on the H200 machine (16 cores): >= 100k images/s for dataloader_w4_pin_cuda.
+// Target on the H200 machine (16 cores): >= 100k images/s for dataloader_w4_pin_cuda. The issue's
+// other row, the loader feeding a GPU-bound consumer (ResNet-18's AMP step), is tg_bench_cnn's
+// resnet18_amp_dataloader_* (that program has the step).
 //
 //   tg_bench_dataloader [--reps N] [--warmup N] [--only SUBSTRING]
 #include <tapegrad/tapegrad.h>

@@ -114,6 +114,13 @@ WORKLOADS = [
     ("conv2d_3x3_64_56x56_b128_bf16_fwd_bwd", "conv2d 3x3 64->64 56x56 b128 bf16 fwd+bwd (PyTorch NHWC)", "lower",
      ("ratio", "<=", 1.0)),
     ("cpu_conv2d_3x3_32_32x32_b16_fp32_fwd", "CPU conv2d 3x3 32->32 32x32 b16 fp32 fwd", "lower", ("ratio", "<=", 2.0)),
+    # ---- issue 16: the DataLoader feeding a GPU-bound consumer (tg_bench_cnn; tapegrad only): the ResNet-18 step
+    # above, its batches from a DataLoader (50000 uint8 3x32x32 in host memory, 4 workers, pinned, normalised on
+    # the GPU) against the same batches resident on the GPU; the loss is fed / resident - 1.
+    ("resnet18_amp_dataloader_loss", "ResNet-18 AMP step fed by a DataLoader: time lost", "lower",
+     ("abs", "<=", 0.05, " (5%)")),
+    ("resnet18_amp_dataloader_step", "  step fed by the DataLoader (4 workers)", "lower", None),
+    ("resnet18_amp_dataloader_resident_step", "  step on the batches resident on the GPU", "lower", None),
 
     # ---- issue 18: GPT-2 124M train step (tg_bench_gpt2: examples/gpt2.h's model), B=32 T=1024 vocab 50304, bf16
     # autocast, AdamW (fused), clip_grad_norm_(1.0); PyTorch: the nanoGPT-style model below (flash SDPA), eager and

@@ -3,8 +3,9 @@
 // range, more tensors than one CUDA launch holds), float16 / bfloat16 / float64 gradients, PyTorch's
 // non-finite behaviour, the clamped coefficient, clip_grad_value_, bad input, the GradScaler
 // sequence, and on CUDA a capture in a tg::cuda::Graph replayed with new gradients (a capture fails
-// on any host synchronisation, so it also shows there is none). Each runs on the CPU and, when a
-// GPU is present, on CUDA.
+// on any host synchronisation, so it also shows there is none) and total norms called in a row and
+// several times in one replayed graph (the norm kernel's "blocks done" counter is re-armed). Each
+// runs on the CPU and, when a GPU is present, on CUDA.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -466,6 +467,61 @@ TEST(ClipGradNormCuda, CapturedInAGraphAndReplayed) {
     EXPECT_NEAR(total.item<double>(), ref, 2e-5 * ref);
     const double coef = coef_for(2.0, total);
     expect_scaled(before, grads_of(ps), coef, dtypes_of(ps));
+  }
+}
+
+// The norm's last block to finish re-arms the call's "blocks done" counter: calls in a row, several
+// calls in one captured graph (each with its own counter) and every replay of it find their counter
+// at 0. `a` holds more tensors than one launch (224) of two dtypes, so one call is several launches
+// counting on one counter; the results match the float64 CPU reference and each other bit for bit.
+TEST(ClipGradNormCuda, RepeatedTotalNormsAndGraphReplays) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const Device dev(kCUDA, 0);
+  cuda::Stream side;
+  cuda::StreamGuard guard(side);
+  std::vector<int64_t> many;
+  for (int i = 0; i < 300; ++i) many.push_back(1 + (i * 37) % 3000);
+  std::vector<Tensor> a = make_params(many, kFloat32, dev, 60);
+  std::vector<Tensor> a16 = make_params({5000, 70001}, kBFloat16, dev, 61);
+  a.insert(a.end(), a16.begin(), a16.end());
+  std::vector<Tensor> b = make_params(kSizes, kFloat32, dev, 62);
+  auto grads = [](const std::vector<Tensor>& ps) {
+    std::vector<Tensor> g;
+    for (const Tensor& p : ps) g.push_back(p.grad());
+    return g;
+  };
+  const std::vector<Tensor> ga = grads(a), gb = grads(b);
+  for (double p : {2.0, kInf, 3.0}) {  // eagerly, twice in a row
+    SCOPED_TRACE("p=" + std::to_string(p));
+    const double ref = ref_norm(grads_of(a), p);
+    const Tensor t1 = nn::utils::get_total_norm(ga, p), t2 = nn::utils::get_total_norm(ga, p);
+    EXPECT_EQ(t1.dtype(), kFloat32);  // float32 and bfloat16 promote to float32
+    if (std::isinf(p))
+      EXPECT_EQ(t1.item<double>(), ref);  // a max is exact
+    else
+      EXPECT_NEAR(t1.item<double>(), ref, 1e-4 * ref);
+    EXPECT_EQ(t1.item<float>(), t2.item<float>());
+  }
+  Tensor ta, tb, ta2;
+  cuda::Graph graph;
+  graph.capture([&] {
+    ta = nn::utils::get_total_norm(ga, 2.0);
+    tb = nn::utils::get_total_norm(gb, kInf);
+    ta2 = nn::utils::get_total_norm(ga, 2.0);
+  });
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(round);
+    manual_seed(200 + round);
+    for (const Tensor& g : ga) g.copy_(randn(g.sizes()).mul_(1.0 + round));
+    for (const Tensor& g : gb) g.copy_(randn(g.sizes()).mul_(0.5 + round));
+    const auto before_a = grads_of(a), before_b = grads_of(b);
+    graph.replay();
+    side.synchronize();
+    const double ref_a = ref_norm(before_a, 2.0);
+    EXPECT_NEAR(ta.item<double>(), ref_a, 2e-5 * ref_a);
+    EXPECT_EQ(tb.item<double>(), ref_norm(before_b, kInf));
+    EXPECT_EQ(ta.item<float>(), ta2.item<float>());
+    EXPECT_EQ(nn::utils::get_total_norm(ga, 2.0).item<float>(), ta.item<float>());  // eager after replays
   }
 }
 
