@@ -619,6 +619,22 @@ TEST(HigherOrder, ConvRecordedGradientsKeepTheDtype) {
   }
 }
 
+// Third order: gradgradcheck of a function that is itself a create_graph gradient through conv2d
+// and conv_transpose2d (the recorded backward's own nodes are differentiable twice).
+TEST(HigherOrder, ConvThirdDerivativesMatchFiniteDifferences) {
+  namespace F = tg::nn::functional;
+  Fn fn = [](const std::vector<Tensor>& a) {
+    Tensor y = F::conv2d(a[0], a[1], Tensor(), {.stride = 2, .padding = 1, .groups = 2}).pow(2).sum() +
+               F::conv_transpose2d(a[0], a[1], Tensor(), {.stride = 2, .output_padding = 1}).pow(3).sum();
+    auto g = tg::autograd::grad({y}, {a[0], a[1]}, GradOptions{.create_graph = true});
+    return g[0].sum(DimList{0}) * 2.0 + g[1].sum();
+  };
+  Tensor x = tg::tensor<double>(values(2 * 2 * 4 * 4, -1, 1, 71), f64()).reshape({2, 2, 4, 4});
+  Tensor w = tg::tensor<double>(values(2 * 1 * 2 * 2, -1, 1, 72), f64()).reshape({2, 1, 2, 2});
+  auto r = tg::autograd::gradgradcheck(fn, {x, w}, {.eps = 1e-6, .atol = 1e-6, .rtol = 1e-4});
+  EXPECT_TRUE(r.ok) << r;
+}
+
 // WGAN-GP through a conv2d critic: the penalty's gradient into the conv weight, bias and the head
 // against finite differences of the penalty.
 Tensor conv_critic(const std::vector<Tensor>& w, const Tensor& x) {
