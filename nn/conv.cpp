@@ -12,8 +12,8 @@
 #include <tapegrad/autograd/function.h>
 #include <tapegrad/core/autocast_hook.h>
 #include <tapegrad/core/native.h>
-#include <tapegrad/core/trace.h>
 #include <tapegrad/core/ops.h>
+#include <tapegrad/core/trace.h>
 #include <tapegrad/nn/init.h>
 
 namespace tg::nn {
@@ -144,9 +144,9 @@ std::vector<Tensor> conv_backward_recorded(int spatial, const Tensor& grad, cons
 // conv_transpose's: it is the x-gradient of the conv2d (same parameters, weight w) from y-shaped to
 // x-shaped tensors, so grad_x is that conv of g, grad_weight that conv's weight gradient with g as
 // its input and x as its output gradient.
-std::vector<Tensor> conv_transpose_backward_recorded(int spatial, const Tensor& grad, const Tensor& x,
-                                                     const Tensor& w, const native::ConvTransposeParams& tp,
-                                                     bool need_x, bool need_w, bool need_b) {
+std::vector<Tensor> conv_transpose_backward_recorded(int spatial, const Tensor& grad, const Tensor& x, const Tensor& w,
+                                                     const native::ConvTransposeParams& tp, bool need_x, bool need_w,
+                                                     bool need_b) {
   const native::ConvParams& p = tp.conv;
   const bool batched = x.dim() == spatial + 2;
   const Tensor g = as4d(grad.dtype() == x.dtype() ? grad : grad.to(x.dtype()), spatial, batched);
@@ -165,8 +165,8 @@ std::vector<Tensor> conv_transpose_backward_recorded(int spatial, const Tensor& 
     out[0] = gx.reshape(x.sizes());
   }
   if (need_w)
-    out[1] = conv_weight_grad(g, x4, p.stride, p.padding, p.dilation, p.groups, w4.size(2), w4.size(3))
-                 .reshape(w.sizes());
+    out[1] =
+        conv_weight_grad(g, x4, p.stride, p.padding, p.dilation, p.groups, w4.size(2), w4.size(3)).reshape(w.sizes());
   if (need_b) out[2] = g.sum(DimList{0, 2, 3});
   return out;
 }
@@ -183,8 +183,8 @@ Tensor conv_op(const char* op, const Tensor& x, const Tensor& w, const Tensor& b
       op, {x, w, b}, std::move(out),
       [sx, sw, p, op](const Tensor& g, const autograd::FunctionNode& n) {
         if (autograd::creating_graph())
-          return conv_backward_recorded(D, g, sx.unpack(), sw.unpack(), p, n.needs_input_grad(0),
-                                        n.needs_input_grad(1), n.needs_input_grad(2));
+          return conv_backward_recorded(D, g, sx.unpack(), sw.unpack(), p, n.needs_input_grad(0), n.needs_input_grad(1),
+                                        n.needs_input_grad(2));
         return native::conv_backward(op, D, g, sx.unpack(), sw.unpack(), p, n.needs_input_grad(0),
                                      n.needs_input_grad(1), n.needs_input_grad(2));
       },
