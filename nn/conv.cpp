@@ -1,5 +1,9 @@
 // conv1d / conv2d and conv_transpose1d / conv_transpose2d with their backward right below, and the
 // modules ConvNd (Conv1d, Conv2d) and ConvTransposeNd (ConvTranspose1d, ConvTranspose2d).
+// Double backward (create_graph): the closures then compute the gradients with the recorded
+// public 2-d ops instead of the native kernels: conv's grad_x is a conv_transpose2d of g, its
+// grad_weight a conv2d of x and g with stride and dilation swapped (conv_weight_grad below), and
+// conv_transpose's the same with x and g in swapped roles; grad_bias is a sum of g.
 #include <tapegrad/nn/conv.h>
 
 #include <cmath>
@@ -8,6 +12,7 @@
 #include <tapegrad/autograd/function.h>
 #include <tapegrad/core/autocast_hook.h>
 #include <tapegrad/core/native.h>
+#include <tapegrad/core/ops.h>
 #include <tapegrad/core/trace.h>
 #include <tapegrad/nn/init.h>
 
@@ -52,18 +57,138 @@ std::vector<Tensor> operands(const Tensor& x, const Tensor& w, const Tensor& b) 
   return b.defined() ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x, w};
 }
 
-// The forward, and a node whose backward is one backend call (grad_x, grad_weight, grad_bias).
+// ---- the recorded backward (create_graph), in 2-d terms: [N, C, H, W] operands (1-d: H = 1).
+
+// t (a conv operand or gradient of `spatial` spatial dims, batched or not) as a 4-d view or copy.
+Tensor as4d(const Tensor& t, int spatial, bool batched) {
+  const Shape& s = t.sizes();
+  const int64_t n = batched ? s[0] : 1;
+  const int64_t c = s[batched ? 1 : 0];
+  const int64_t h = spatial == 2 ? s[s.size() - 2] : 1;
+  return t.reshape({n, c, h, s.back()});
+}
+Tensor weight4d(const Tensor& w, int spatial) {
+  const Shape& s = w.sizes();
+  return w.reshape({s[0], s[1], spatial == 2 ? s[2] : 1, s.back()});
+}
+
+// The weight gradient of out = conv2d(in, W) (symmetric padding `pad`, groups G) given gout = dL/dout:
+// dW[o, c, a, b] = sum over n, i, j of gout[n, o, i, j] in[n, G(o) c, i s - pad + a d, j s - pad + b d]
+// is itself a conv2d: batch = c, channels = (group, n), weight gout [(group, o), n, OH, OW], with the
+// stride and dilation swapped; its output [C / G, Co, >= KH, >= KW] narrowed to the kernel.
+Tensor conv_weight_grad(const Tensor& in, const Tensor& gout, const std::array<int64_t, 2>& stride,
+                        const std::array<int64_t, 2>& pad, const std::array<int64_t, 2>& dilation, int64_t groups,
+                        int64_t kh, int64_t kw) {
+  const int64_t n = in.size(0), ci = in.size(1), h = in.size(2), w = in.size(3);
+  const int64_t co = gout.size(1), oh = gout.size(2), ow = gout.size(3);
+  const int64_t cg = ci / groups, cog = co / groups;
+  Tensor a = in.reshape({n, groups, cg, h, w}).permute({2, 1, 0, 3, 4}).reshape({cg, groups * n, h, w});
+  Tensor b = gout.reshape({n, groups, cog, oh, ow}).permute({1, 2, 0, 3, 4}).reshape({co, n, oh, ow});
+  Tensor r = functional::conv2d(a, b, Tensor(),
+                                {.stride = {dilation[0], dilation[1]},
+                                 .padding = {pad[0], pad[1]},
+                                 .dilation = {stride[0], stride[1]},
+                                 .groups = groups});
+  if (r.size(2) != kh) r = r.narrow(2, 0, kh);
+  if (r.size(3) != kw) r = r.narrow(3, 0, kw);
+  return r.transpose(0, 1);
+}
+
+// conv's {grad_x, grad_weight, grad_bias} with recorded ops. Padding "same" (stride 1) pads
+// (span - 1) / 2 before and the rest after: x is taken as zero-extended at the end by the
+// difference, so the padding is symmetric, and grad_x narrowed back.
+std::vector<Tensor> conv_backward_recorded(int spatial, const Tensor& grad, const Tensor& x, const Tensor& w,
+                                           const native::ConvParams& p, bool need_x, bool need_w, bool need_b) {
+  const bool batched = x.dim() == spatial + 2;
+  const Tensor g = as4d(grad.dtype() == x.dtype() ? grad : grad.to(x.dtype()), spatial, batched);
+  const Tensor w4 = weight4d(w, spatial);
+  const int64_t k[2] = {w4.size(2), w4.size(3)};
+  Tensor x4 = as4d(x, spatial, batched);
+  std::array<int64_t, 2> pad = p.padding, extra{0, 0};
+  for (int d = 0; d < 2; ++d) {
+    if (!p.same) continue;
+    const int64_t span = p.dilation[d] * (k[d] - 1) + 1;
+    pad[d] = (span - 1) / 2;
+    extra[d] = span - 1 - 2 * pad[d];
+  }
+  const int64_t in[2] = {x4.size(2) + extra[0], x4.size(3) + extra[1]};
+  std::vector<Tensor> out(3);
+  if (need_x) {
+    std::array<int64_t, 2> op{};
+    for (int d = 0; d < 2; ++d)
+      op[d] = in[d] - ((g.size(2 + d) - 1) * p.stride[d] - 2 * pad[d] + p.dilation[d] * (k[d] - 1) + 1);
+    Tensor gx = functional::conv_transpose2d(g, w4, Tensor(),
+                                             {.stride = {p.stride[0], p.stride[1]},
+                                              .padding = {pad[0], pad[1]},
+                                              .output_padding = {op[0], op[1]},
+                                              .groups = p.groups,
+                                              .dilation = {p.dilation[0], p.dilation[1]}});
+    if (extra[0]) gx = gx.narrow(2, 0, x4.size(2));
+    if (extra[1]) gx = gx.narrow(3, 0, x4.size(3));
+    out[0] = gx.reshape(x.sizes());
+  }
+  if (need_w) {
+    Tensor xp = x4;
+    for (int d = 0; d < 2; ++d) {
+      if (!extra[d]) continue;
+      Shape zs = xp.sizes();
+      zs[2 + d] = extra[d];
+      xp = tg::cat({xp, tg::zeros(zs, xp.options())}, 2 + d);
+    }
+    out[1] = conv_weight_grad(xp, g, p.stride, pad, p.dilation, p.groups, k[0], k[1]).reshape(w.sizes());
+  }
+  if (need_b) out[2] = g.sum(DimList{0, 2, 3});
+  return out;
+}
+
+// conv_transpose's: it is the x-gradient of the conv2d (same parameters, weight w) from y-shaped to
+// x-shaped tensors, so grad_x is that conv of g, grad_weight that conv's weight gradient with g as
+// its input and x as its output gradient.
+std::vector<Tensor> conv_transpose_backward_recorded(int spatial, const Tensor& grad, const Tensor& x, const Tensor& w,
+                                                     const native::ConvTransposeParams& tp, bool need_x, bool need_w,
+                                                     bool need_b) {
+  const native::ConvParams& p = tp.conv;
+  const bool batched = x.dim() == spatial + 2;
+  const Tensor g = as4d(grad.dtype() == x.dtype() ? grad : grad.to(x.dtype()), spatial, batched);
+  const Tensor w4 = weight4d(w, spatial);
+  const Tensor x4 = as4d(x, spatial, batched);
+  std::vector<Tensor> out(3);
+  if (need_x) {
+    Tensor gx = functional::conv2d(g, w4, Tensor(),
+                                   {.stride = {p.stride[0], p.stride[1]},
+                                    .padding = {p.padding[0], p.padding[1]},
+                                    .dilation = {p.dilation[0], p.dilation[1]},
+                                    .groups = p.groups});
+    // An output_padding >= stride (allowed below the dilation) leaves rows past x's.
+    if (gx.size(2) != x4.size(2)) gx = gx.narrow(2, 0, x4.size(2));
+    if (gx.size(3) != x4.size(3)) gx = gx.narrow(3, 0, x4.size(3));
+    out[0] = gx.reshape(x.sizes());
+  }
+  if (need_w)
+    out[1] =
+        conv_weight_grad(g, x4, p.stride, p.padding, p.dilation, p.groups, w4.size(2), w4.size(3)).reshape(w.sizes());
+  if (need_b) out[2] = g.sum(DimList{0, 2, 3});
+  return out;
+}
+
+// The forward, and a node whose backward is one backend call (grad_x, grad_weight, grad_bias), or
+// the recorded formulas above under create_graph.
 template <size_t D>
 Tensor conv_op(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, const ConvFuncOptions<D>& o) {
   const native::ConvParams p = params<D>(o);
   Tensor out = native::conv(op, D, x, w, b, p);
   if (!autograd::should_record(x, w, b)) return out;
   autograd::SavedTensor sx(x, op), sw(w, op);
-  return autograd::record(op, {x, w, b}, std::move(out),
-                          [sx, sw, p, op](const Tensor& g, const autograd::FunctionNode& n) {
-                            return native::conv_backward(op, D, g, sx.unpack(), sw.unpack(), p, n.needs_input_grad(0),
-                                                         n.needs_input_grad(1), n.needs_input_grad(2));
-                          });
+  return autograd::record(
+      op, {x, w, b}, std::move(out),
+      [sx, sw, p, op](const Tensor& g, const autograd::FunctionNode& n) {
+        if (autograd::creating_graph())
+          return conv_backward_recorded(D, g, sx.unpack(), sw.unpack(), p, n.needs_input_grad(0), n.needs_input_grad(1),
+                                        n.needs_input_grad(2));
+        return native::conv_backward(op, D, g, sx.unpack(), sw.unpack(), p, n.needs_input_grad(0),
+                                     n.needs_input_grad(1), n.needs_input_grad(2));
+      },
+      autograd::kDifferentiable);
 }
 
 template <size_t D>
@@ -75,7 +200,8 @@ std::vector<detail::TraceAttr> conv_attrs(const ConvFuncOptions<D>& o) {
           {"same", o.padding.same}};
 }
 
-// conv_transpose: forward and input gradient on the conv kernels (core/native/conv.cpp).
+// conv_transpose: forward and input gradient on the conv kernels (core/native/conv.cpp), or the
+// recorded formulas under create_graph.
 template <size_t D>
 Tensor conv_transpose_op(const char* op, const Tensor& x, const Tensor& w, const Tensor& b,
                          const ConvTransposeFuncOptions<D>& o) {
@@ -83,12 +209,16 @@ Tensor conv_transpose_op(const char* op, const Tensor& x, const Tensor& w, const
   Tensor out = native::conv_transpose(op, D, x, w, b, p);
   if (!autograd::should_record(x, w, b)) return out;
   autograd::SavedTensor sx(x, op), sw(w, op);
-  return autograd::record(op, {x, w, b}, std::move(out),
-                          [sx, sw, p, op](const Tensor& g, const autograd::FunctionNode& n) {
-                            return native::conv_transpose_backward(op, D, g, sx.unpack(), sw.unpack(), p,
-                                                                   n.needs_input_grad(0), n.needs_input_grad(1),
-                                                                   n.needs_input_grad(2));
-                          });
+  return autograd::record(
+      op, {x, w, b}, std::move(out),
+      [sx, sw, p, op](const Tensor& g, const autograd::FunctionNode& n) {
+        if (autograd::creating_graph())
+          return conv_transpose_backward_recorded(D, g, sx.unpack(), sw.unpack(), p, n.needs_input_grad(0),
+                                                  n.needs_input_grad(1), n.needs_input_grad(2));
+        return native::conv_transpose_backward(op, D, g, sx.unpack(), sw.unpack(), p, n.needs_input_grad(0),
+                                               n.needs_input_grad(1), n.needs_input_grad(2));
+      },
+      autograd::kDifferentiable);
 }
 
 template <size_t D>

@@ -396,9 +396,54 @@ struct OpCase {
 Device g_case_device = Device(kCPU);
 Tensor ids(std::vector<int64_t> v) { return tg::tensor<int64_t>(v, kInt64).to(g_case_device); }
 
-std::vector<OpCase> op_cases() {
+// The convolutions (nn/conv.cpp's recorded backward): strides, padding (ints and "same", odd and
+// even totals), dilation, groups, bias, output_padding (also one >= stride, below the dilation),
+// 1-d, unbatched and channels-last inputs.
+std::vector<OpCase> conv_cases() {
   namespace F = tg::nn::functional;
   return {
+      {"conv1d stride 2, padding 1, groups 2, bias", {{2, 4, 8}, {4, 2, 3}, {4}},
+       [](auto& a) { return F::conv1d(a[0], a[1], a[2], {.stride = 2, .padding = 1, .groups = 2}).pow(2); }},
+      {"conv1d padding same (odd total), unbatched", {{2, 6}, {3, 2, 4}},
+       [](auto& a) { return F::conv1d(a[0], a[1], Tensor(), {.padding = "same"}).pow(2); }},
+      {"conv2d stride 2, padding 1, dilation 2, groups 2, bias", {{2, 4, 6, 5}, {4, 2, 2, 3}, {4}},
+       [](auto& a) {
+         return F::conv2d(a[0], a[1], a[2], {.stride = 2, .padding = 1, .dilation = 2, .groups = 2}).pow(2);
+       }},
+      {"conv2d padding same, dilation {1, 2}", {{2, 2, 5, 5}, {3, 2, 2, 3}},
+       [](auto& a) { return F::conv2d(a[0], a[1], Tensor(), {.padding = "same", .dilation = {1, 2}}).pow(2); }},
+      {"conv2d unbatched, asymmetric stride / padding", {{2, 5, 6}, {2, 2, 3, 2}, {2}},
+       [](auto& a) {
+         return F::conv2d(a[0], a[1], a[2], {.stride = {2, 1}, .padding = {0, 1}}).tanh();
+       }},
+      {"conv2d channels last", {{2, 2, 4, 4}, {2, 2, 3, 3}},
+       [](auto& a) {
+         return F::conv2d(a[0].contiguous(MemoryFormat::ChannelsLast), a[1], Tensor(), {.padding = 1}).pow(2);
+       }},
+      {"conv_transpose1d stride 2, padding 1, output_padding 1, bias", {{2, 2, 4}, {2, 3, 3}, {3}},
+       [](auto& a) {
+         return F::conv_transpose1d(a[0], a[1], a[2], {.stride = 2, .padding = 1, .output_padding = 1}).pow(2);
+       }},
+      {"conv_transpose1d output_padding >= stride (dilation 3), unbatched", {{2, 4}, {2, 2, 2}},
+       [](auto& a) {
+         return F::conv_transpose1d(a[0], a[1], Tensor(), {.output_padding = 2, .dilation = 3}).pow(2);
+       }},
+      {"conv_transpose2d stride 2, padding 1, output_padding 1, groups 2, bias", {{2, 4, 3, 3}, {4, 1, 3, 3}, {2}},
+       [](auto& a) {
+         return F::conv_transpose2d(a[0], a[1], a[2],
+                                    {.stride = 2, .padding = 1, .output_padding = 1, .groups = 2})
+             .pow(2);
+       }},
+      {"conv_transpose2d dilation 2, asymmetric stride, groups 2", {{1, 2, 3, 2}, {2, 2, 2, 2}},
+       [](auto& a) {
+         return F::conv_transpose2d(a[0], a[1], Tensor(), {.stride = {1, 2}, .groups = 2, .dilation = 2}).tanh();
+       }},
+  };
+}
+
+std::vector<OpCase> op_cases() {
+  namespace F = tg::nn::functional;
+  std::vector<OpCase> cases = {
       {"add", {{3, 1}, {1, 4}}, [](auto& a) { return tg::add(a[0], a[1], 0.5) * a[0]; }},
       {"sub", {{3, 4}, {4}}, [](auto& a) { return tg::sub(a[0], a[1], 2.0) * a[1]; }},
       {"mul", {{3, 4}, {3, 4}}, [](auto& a) { return a[0] * a[1] * a[0]; }},
@@ -565,6 +610,9 @@ std::vector<OpCase> op_cases() {
          return y * a[0] + z * a[0] + w * a[1] + v * v;
        }},
   };
+  std::vector<OpCase> conv = conv_cases();
+  cases.insert(cases.end(), conv.begin(), conv.end());
+  return cases;
 }
 
 // Each case's inputs on `dev` (float64, away from the kinks of relu / abs / clamp at |x| = 0, 0.5,
@@ -606,6 +654,99 @@ void check_cases(Device dev, bool noncontig, const std::vector<std::string>& onl
 
 TEST(HigherOrder, GradgradcheckEveryCoveredOp) { check_cases(Device(kCPU), false); }
 TEST(HigherOrder, GradgradcheckEveryCoveredOpNonContiguous) { check_cases(Device(kCPU), true); }
+
+// The gradients the recorded backward (create_graph) computes are the native backward's.
+TEST(HigherOrder, ConvFirstOrderGradientsUnderCreateGraphMatchNative) {
+  for (const OpCase& c : conv_cases()) {
+    SCOPED_TRACE(c.name);
+    std::vector<Tensor> inputs;
+    uint64_t seed = 200;
+    for (const Shape& s : c.shapes) inputs.push_back(rand_leaf(s, -1, 1, seed++));
+    Tensor out = c.fn(inputs);
+    Tensor dir = tg::tensor<double>(values(out.numel(), -1, 1, 7), f64()).reshape(out.sizes());
+    auto native_g = tg::autograd::grad({(c.fn(inputs) * dir).sum()}, inputs);
+    auto recorded_g = tg::autograd::grad({(c.fn(inputs) * dir).sum()}, inputs, GradOptions{.create_graph = true});
+    ASSERT_EQ(native_g.size(), recorded_g.size());
+    for (size_t i = 0; i < native_g.size(); ++i) {
+      EXPECT_TRUE(recorded_g[i].requires_grad()) << "input " << i << ": a gradient with a history";
+      EXPECT_EQ(recorded_g[i].dtype(), native_g[i].dtype());
+      EXPECT_EQ(recorded_g[i].sizes(), native_g[i].sizes());
+      expect_near_vec(host(recorded_g[i]), host(native_g[i]), 1e-12, 1e-12, "input " + std::to_string(i));
+    }
+  }
+}
+
+// A float32 conv: the recorded gradients keep the first-order path's dtype.
+TEST(HigherOrder, ConvRecordedGradientsKeepTheDtype) {
+  Tensor x = rand_leaf({2, 2, 5, 5}, -1, 1, 61).detach().to(kFloat32).requires_grad_();
+  Tensor w = rand_leaf({2, 1, 3, 3}, -1, 1, 62).detach().to(kFloat32).requires_grad_();
+  Tensor b = rand_leaf({2}, -1, 1, 63).detach().to(kFloat32).requires_grad_();
+  auto f = [&] { return tg::nn::functional::conv2d(x, w, b, {.stride = 2, .padding = 1, .groups = 2}).pow(2).sum(); };
+  auto first = tg::autograd::grad({f()}, {x, w, b});
+  auto rec = tg::autograd::grad({f()}, {x, w, b}, GradOptions{.create_graph = true});
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(rec[i].dtype(), first[i].dtype());
+    expect_near_vec(host(rec[i]), host(first[i]), 1e-5, 1e-5, "input " + std::to_string(i));
+  }
+}
+
+// Third order: gradgradcheck of a function that is itself a create_graph gradient through conv2d
+// and conv_transpose2d (the recorded backward's own nodes are differentiable twice).
+TEST(HigherOrder, ConvThirdDerivativesMatchFiniteDifferences) {
+  namespace F = tg::nn::functional;
+  Fn fn = [](const std::vector<Tensor>& a) {
+    Tensor y = F::conv2d(a[0], a[1], Tensor(), {.stride = 2, .padding = 1, .groups = 2}).pow(2).sum() +
+               F::conv_transpose2d(a[0], a[1], Tensor(), {.stride = 2, .output_padding = 1}).pow(3).sum();
+    auto g = tg::autograd::grad({y}, {a[0], a[1]}, GradOptions{.create_graph = true});
+    return g[0].sum(DimList{0}) * 2.0 + g[1].sum();
+  };
+  Tensor x = tg::tensor<double>(values(2 * 2 * 4 * 4, -1, 1, 71), f64()).reshape({2, 2, 4, 4});
+  Tensor w = tg::tensor<double>(values(2 * 1 * 2 * 2, -1, 1, 72), f64()).reshape({2, 1, 2, 2});
+  auto r = tg::autograd::gradgradcheck(fn, {x, w}, {.eps = 1e-6, .atol = 1e-6, .rtol = 1e-4});
+  EXPECT_TRUE(r.ok) << r;
+}
+
+// WGAN-GP through a conv2d critic: the penalty's gradient into the conv weight, bias and the head
+// against finite differences of the penalty.
+Tensor conv_critic(const std::vector<Tensor>& w, const Tensor& x) {
+  Tensor h = tg::nn::functional::conv2d(x, w[0], w[1], {.stride = 2, .padding = 1}).sigmoid();
+  return (h * w[2]).sum();
+}
+
+Tensor conv_penalty(const std::vector<Tensor>& w, const Tensor& x0) {
+  Tensor x = x0.detach().clone();
+  x.requires_grad_();
+  auto gx = tg::autograd::grad({conv_critic(w, x)}, {x}, GradOptions{.create_graph = true});
+  Tensor n2 = (gx[0] * gx[0]).sum(DimList{1, 2, 3});
+  return ((n2.sqrt() - 1.0).pow(2)).mean();
+}
+
+TEST(HigherOrder, GradientPenaltyThroughConv2dMatchesFiniteDifferences) {
+  std::vector<Tensor> w = {rand_leaf({3, 2, 3, 3}, -1, 1, 51), rand_leaf({3}, -0.5, 0.5, 52),
+                           rand_leaf({3, 3, 3}, -1, 1, 53)};
+  Tensor x = tg::tensor<double>(values(3 * 2 * 5 * 5, -1, 1, 54), f64()).reshape({3, 2, 5, 5});
+  auto gw = tg::autograd::grad({conv_penalty(w, x)}, w);
+  const double e = 1e-6;
+  for (size_t k = 0; k < w.size(); ++k) {
+    std::vector<double> ana = host(gw[k]), num;
+    double norm = 0;
+    for (double v : ana) norm += v * v;
+    EXPECT_GT(norm, 1e-6) << "a non-trivial gradient for w" << k;
+    for (int64_t j = 0; j < w[k].numel(); ++j) {
+      auto at = [&](double s) {
+        std::vector<Tensor> q;
+        for (size_t i = 0; i < w.size(); ++i) {
+          std::vector<double> hv = host(w[i]);
+          if (i == k) hv[static_cast<size_t>(j)] += s;
+          q.push_back(leaf(hv, w[i].sizes()));
+        }
+        return conv_penalty(q, x).item<double>();
+      };
+      num.push_back((at(e) - at(-e)) / (2 * e));
+    }
+    expect_near_vec(ana, num, 1e-7, 1e-5, "d penalty / d w" + std::to_string(k));
+  }
+}
 
 // An op y = x^3 whose recorded backward is right at first order but treats x^2 as a constant
 // (a second derivative of 0 instead of 6x): gradcheck passes, gradgradcheck must not.
