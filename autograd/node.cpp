@@ -232,9 +232,33 @@ Tensor view_grad_to_base(const Geometry& base, Geometry view, Tensor g) {
   return r;
 }
 
+// The view's region of a base-shaped gradient gg (a contiguous copy, view-shaped; a dim the view
+// broadcasts reads its one element repeatedly): view_grad_to_base's adjoint.
+Tensor region_of_native(const Geometry& base, const Geometry& view, const Tensor& gg) {
+  auto [r, region] = base_and_region(base, view, gg.dtype(), gg.device());
+  native::copy_(r, gg);
+  return native::clone(region);
+}
+
+// The two linear maps between a view's gradient and its base's, each recorded under create_graph
+// with the other as its backward, so in-place ops on views (CopySlices) and the views' rebuilt
+// histories (as_strided) are differentiable to any order.
+Tensor region_of(const Geometry& base, const Geometry& view, const Tensor& gg);
+Tensor to_base(const Geometry& base, const Geometry& view, const Tensor& g) {
+  auto f = [&](const Tensor& x) { return view_grad_to_base(base, view, x); };
+  if (!creating_graph()) return f(g);
+  return bw::linear_map("as_strided_backward", g, f, [base, view](const Tensor& gg) { return region_of(base, view, gg); });
+}
+Tensor region_of(const Geometry& base, const Geometry& view, const Tensor& gg) {
+  auto f = [&](const Tensor& x) { return region_of_native(base, view, x); };
+  if (!creating_graph()) return f(gg);
+  return bw::linear_map("as_strided", gg, f, [base, view](const Tensor& g) { return to_base(base, view, g); });
+}
+
 // The history of a base after an in-place op on one of its views: the base-shaped gradient with the
 // view's region replaced by what the op's backward (fn) gives for that region; the op's other
-// inputs get fn's other gradients.
+// inputs get fn's other gradients. Under create_graph (when fn records itself) the same with
+// recorded ops: g - to_base(region) + to_base(fn(region)).
 class CopySlices final : public Node {
  public:
   CopySlices(const Tensor& base, const Tensor& view, std::shared_ptr<FunctionNode> fn, Edge base_edge)
@@ -245,6 +269,7 @@ class CopySlices final : public Node {
   }
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     const Tensor& g = grads.at(0);
+    if (creating_graph()) return apply_recorded(g);
     auto [result, region] = base_and_region(base_, view_, g.dtype(), g.device());
     native::copy_(result, g);
     std::vector<Tensor> res = fn_->apply({native::clone(region)});
@@ -259,8 +284,21 @@ class CopySlices final : public Node {
   }
   const char* name() const override { return "CopySlices"; }
   void release_saved() override { fn_->release_saved(); }
+  bool supports_create_graph() const override { return fn_->supports_create_graph(); }
 
  private:
+  std::vector<Tensor> apply_recorded(const Tensor& g) {
+    const Tensor gr = region_of(base_, view_, g);
+    std::vector<Tensor> res = fn_->apply({gr});
+    std::vector<Tensor> out(next_edges.size());
+    if (needs_input_grad(0)) {
+      out[0] = bw::sub(g, to_base(base_, view_, gr));
+      if (res.at(0).defined()) out[0] = bw::add(out[0], to_base(base_, view_, res[0]));
+    }
+    for (size_t i = 1; i < out.size() && i < res.size(); ++i) out[i] = std::move(res[i]);
+    return out;
+  }
+
   Geometry base_, view_;
   std::shared_ptr<FunctionNode> fn_;
 };
@@ -293,8 +331,9 @@ std::shared_ptr<Node> view_of_base_node(const Tensor& base, const Tensor& view) 
   auto n = std::make_shared<FunctionNode>(
       "as_strided",
       [b = Geometry(base), v = Geometry(view)](const Tensor& g, const FunctionNode&) -> std::vector<Tensor> {
-        return {view_grad_to_base(b, v, g)};
-      });
+        return {to_base(b, v, g)};
+      },
+      kDifferentiable);
   n->next_edges.push_back(current_edge(base));
   n->add_input_meta(view);
   return n;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <tapegrad/autograd/custom_function.h>
 #include <tapegrad/autograd/function.h>
 
 #include "tests/autograd/common.h"
@@ -344,18 +345,41 @@ TEST(HigherOrder, LeafHookSeesRecordedGradientInBackward) {
 }
 
 // ---- ops without double backward: a tg::Error naming them, only when differentiated twice
+// A custom Function (first-order only here; PyTorch differentiates its backward again).
+struct SquareFn : tg::autograd::Function<SquareFn> {
+  static Tensor forward(tg::autograd::AutogradContext* ctx, const Tensor& x) {
+    ctx->save_for_backward({x});
+    return x * x;
+  }
+  static std::vector<Tensor> backward(tg::autograd::AutogradContext* ctx, std::vector<Tensor> grads) {
+    return {grads[0] * ctx->saved_tensors()[0] * 2.0};
+  }
+};
+
 TEST(HigherOrder, OpWithoutDoubleBackwardThrowsNamingIt) {
-  // An in-place op on a view of a graph tensor: its CopySlices node writes the view's gradient into
-  // the base's with native copies. Right at first order, refused at second.
+  // Right at first order under create_graph, refused at second, naming the node.
   Tensor x = leaf({0.3, -0.2, 0.9}, {3});
-  Tensor y = x * x;
-  y.slice(0, 0, 2).mul_(x.slice(0, 0, 2));  // x0^3, x1^3, x2^2
-  auto g = tg::autograd::grad({y.sum()}, {x}, GradOptions{.create_graph = true});
-  expect_near_vec(host(g[0]), {3 * 0.09, 3 * 0.04, 2 * 0.9}, 1e-15, 1e-14, "first order is right");
+  auto g = tg::autograd::grad({SquareFn::apply(x * 1.0).sum()}, {x}, GradOptions{.create_graph = true});
+  expect_near_vec(host(g[0]), {0.6, -0.4, 1.8}, 1e-15, 1e-14, "first order is right");
   ASSERT_TRUE(g[0].requires_grad()) << "not silently a constant";
   std::string e = error_of([&] { tg::autograd::grad({g[0].sum()}, {x}); });
-  EXPECT_NE(e.find("CopySlices"), std::string::npos) << e;
+  EXPECT_NE(e.find("SquareFn"), std::string::npos) << e;
   EXPECT_NE(e.find("double backward not implemented"), std::string::npos) << e;
+}
+
+// In place on views of a graph tensor (CopySlices, and the views' rebuilt as_strided histories):
+// y = x^2 with y[0:2] *= x[0:2] and y[2] = x[2]^3 copied in is (x0^3, x1^3, x2^3, x3^2); the
+// second derivatives are 6x, 6x, 6x, 2.
+TEST(HigherOrder, InPlaceOnViewsHasExactSecondDerivative) {
+  Tensor x = leaf({0.3, -0.2, 0.9, 0.5}, {4});
+  Tensor y = x * x;
+  y.slice(0, 0, 2).mul_(x.slice(0, 0, 2));
+  y.select(0, 2).copy_(x.select(0, 2).pow(3));
+  Tensor v = y.slice(0, 1, 4);  // a view whose history is rebuilt after the writes
+  auto g = tg::autograd::grad({(y.sum() + v.sum())}, {x}, GradOptions{.create_graph = true});
+  expect_near_vec(host(g[0]), {3 * 0.09, 2 * 3 * 0.04, 2 * 3 * 0.81, 2 * 2 * 0.5}, 1e-15, 1e-14, "first order");
+  auto h = tg::autograd::grad({g[0].sum()}, {x});
+  expect_near_vec(host(h[0]), {6 * 0.3, 2 * 6 * -0.2, 2 * 6 * 0.9, 2 * 2}, 1e-14, 1e-14, "second order");
 }
 
 // In-place ops that read self's old value (mul_ / div_ by a tensor, clamp_) save a copy that keeps
@@ -595,6 +619,14 @@ std::vector<OpCase> op_cases() {
          Tensor b = F::interpolate(x3, {.scale_factor = {2.0}, .mode = "bilinear", .align_corners = false}).pow(2).sum();
          Tensor l = F::interpolate(x3.flatten(1, 2), {.size = 9, .mode = "linear", .align_corners = true}).pow(2).sum();
          return n + b + l;
+       }},
+      {"in place on views: slice().mul_, select().copy_, narrow().add_", {{3, 4}, {4}},
+       [](auto& a) {
+         Tensor y = a[0] * a[0];
+         y.slice(1, 1, 3).mul_(a[0].slice(1, 0, 2));
+         y.select(0, 1).copy_(a[1].pow(3));
+         y.narrow(0, 2, 1).add_(a[1] * a[0].select(0, 0), 0.5);
+         return y * y.t().reshape({3, 4});
        }},
       {"in place by tensors: mul_, div_, clamp_, masked_fill_, index_add_", {{4}, {4}},
        [](auto& a) {
