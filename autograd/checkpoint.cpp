@@ -118,7 +118,8 @@ std::vector<Tensor> checkpoint(Fn fn, const std::vector<Tensor>& inputs, Checkpo
       "checkpoint", std::move(ctx), inputs, std::vector<bool>(inputs.size(), true), std::move(outs),
       [shared_fn, rng, ac](autograd::AutogradContext* c, std::vector<Tensor> grads) {
         return recompute_backward(*shared_fn, rng.get(), ac, c, grads);
-      });
+      },
+      /*differentiable=*/false);  // the recompute's nested backward records nothing
 }
 
 Tensor checkpoint(std::function<Tensor(const std::vector<Tensor>&)> fn, const std::vector<Tensor>& inputs,

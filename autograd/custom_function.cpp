@@ -19,8 +19,18 @@ void AutogradContext::save_for_backward(const std::vector<Tensor>& tensors) {
     // Only when apply records a node (some input needs grad): forward also runs without one.
     if (std::find(needs_input_grad_.begin(), needs_input_grad_.end(), true) != needs_input_grad_.end())
       check_not_inference(t, "custom Function save_for_backward");
-    // A detached alias: saving an output must not make the node own itself.
-    saved_.push_back(Saved{alias(t), t.version()});
+    // A detached alias: saving an output must not make the node own itself. An input's edge is
+    // kept (upstream of the node: no cycle) for create_graph.
+    saved_.push_back(Saved{alias(t), t.version(), requires_grad(t) ? gradient_edge(t) : Edge{}, t.impl_ptr().get()});
+  }
+}
+
+void AutogradContext::set_node(const std::shared_ptr<Node>& node, const std::vector<const void*>& outputs) {
+  node_ = node;
+  for (Saved& s : saved_) {
+    if (!s.data.defined() || s.edge.valid()) continue;
+    for (size_t k = 0; k < outputs.size(); ++k)
+      if (outputs[k] == s.source) s.output_nr = static_cast<int64_t>(k);
   }
 }
 
@@ -36,7 +46,16 @@ std::vector<Tensor> AutogradContext::saved_tensors() const {
                ") was modified in place after save_for_backward (version ", s.data.version(), ", expected ", s.version,
                ")");
     }
-    out.push_back(s.data);
+    // Under create_graph (the backward runs with grad mode on) a saved input has its history back
+    // and a saved output the node's, so the backward's own ops link to the forward graph.
+    std::shared_ptr<Node> node = s.output_nr >= 0 ? node_.lock() : nullptr;
+    if (!s.data.defined() || !creating_graph()) {
+      out.push_back(s.data);
+    } else if (node) {
+      out.push_back(with_history(s.data, Edge{node, static_cast<uint32_t>(s.output_nr)}));
+    } else {
+      out.push_back(s.edge.valid() ? with_history(s.data, s.edge) : s.data);
+    }
   }
   return out;
 }
@@ -52,9 +71,9 @@ namespace {
 class CustomFunctionNode final : public Node {
  public:
   CustomFunctionNode(std::string name, std::shared_ptr<AutogradContext> ctx, std::vector<bool> arg_is_tensor,
-                     detail::CustomBackward backward)
+                     detail::CustomBackward backward, bool differentiable)
       : name_(std::move(name)), ctx_(std::move(ctx)), arg_is_tensor_(std::move(arg_is_tensor)),
-        backward_(std::move(backward)) {}
+        backward_(std::move(backward)), differentiable_(differentiable) {}
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     // Outputs that got no gradient get zeros, so backward can use every slot.
@@ -89,12 +108,17 @@ class CustomFunctionNode final : public Node {
   }
   const char* name() const override { return name_.c_str(); }
   void release_saved() override { ctx_->release_saved(); }
+  AutogradContext& context() { return *ctx_; }
+  // As PyTorch: under create_graph the user's backward runs with grad mode on, so the tg:: ops it
+  // uses record themselves and it can be differentiated again.
+  bool supports_create_graph() const override { return differentiable_; }
 
  private:
   std::string name_;
   std::shared_ptr<AutogradContext> ctx_;
   std::vector<bool> arg_is_tensor_;
   detail::CustomBackward backward_;
+  bool differentiable_;
 };
 
 }  // namespace
@@ -109,9 +133,12 @@ bool detail::any_requires_grad(const std::vector<Tensor>& tensors) {
 
 std::vector<Tensor> detail::record_custom(std::string name, std::shared_ptr<AutogradContext> ctx,
                                           std::vector<Tensor> tensor_inputs, std::vector<bool> arg_is_tensor,
-                                          std::vector<Tensor> outputs, CustomBackward backward) {
+                                          std::vector<Tensor> outputs, CustomBackward backward, bool differentiable) {
   auto node = std::make_shared<CustomFunctionNode>(std::move(name), std::move(ctx), std::move(arg_is_tensor),
-                                                   std::move(backward));
+                                                   std::move(backward), differentiable);
+  std::vector<const void*> sources;
+  for (const Tensor& out : outputs) sources.push_back(out.defined() ? out.impl_ptr().get() : nullptr);
+  node->context().set_node(node, sources);
   node->next_edges.reserve(tensor_inputs.size());
   for (const Tensor& in : tensor_inputs)
     node->next_edges.push_back(autograd::requires_grad(in) ? gradient_edge(in) : Edge{});

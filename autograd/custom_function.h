@@ -20,6 +20,12 @@
 // (zeros where an output received none) and returns one per forward argument,
 // in order: an undefined Tensor() for non-tensor arguments and for inputs that
 // need no gradient (ctx->needs_input_grad(i) says which do).
+//
+// Double backward, as PyTorch: under create_graph backward runs with grad mode on and its saved
+// tensors carry their history (an input's, or the node's output), so a backward written with tg::
+// ops is differentiated again. A backward that calls raw kernels (which record nothing) declares
+// `static constexpr bool once_differentiable = true;`: then differentiating its result again is a
+// tg::Error naming the function instead of a silently constant gradient.
 #pragma once
 #include <any>
 #include <cstdint>
@@ -52,13 +58,20 @@ class AutogradContext {
   // Used by Function::apply and the node it records.
   void set_needs_input_grad(std::vector<bool> v) { needs_input_grad_ = std::move(v); }
   void release_saved();
+  // The node recorded for the call (weak: it owns this context) and its outputs' TensorImpls as
+  // forward returned them: saved tensors that are outputs get the node's history under create_graph.
+  void set_node(const std::shared_ptr<Node>& node, const std::vector<const void*>& outputs);
 
  private:
   struct Saved {
     Tensor data;  // a detached alias
     uint32_t version = 0;
+    Edge edge;                     // the history a saved input had (none for outputs and constants)
+    const void* source = nullptr;  // the saved tensor's TensorImpl, to recognise outputs
+    int64_t output_nr = -1;        // which output of the node it is, or -1
   };
   std::vector<Saved> saved_;
+  std::weak_ptr<Node> node_;
   std::vector<bool> needs_input_grad_;
   bool released_ = false;
 };
@@ -68,14 +81,23 @@ using CustomBackward = std::function<std::vector<Tensor>(AutogradContext*, std::
 // Builds the node for a custom function's outputs: edges to the tensor
 // arguments (arg_is_tensor marks which forward arguments are tensors), one
 // gradient slot per output. Returns the outputs with their history set.
+// `differentiable`: whether backward may run with grad mode on under create_graph (its tg:: ops
+// record themselves); else the engine runs it without recording and a second differentiation is a
+// tg::Error naming the function.
 std::vector<Tensor> record_custom(std::string name, std::shared_ptr<AutogradContext> ctx,
                                   std::vector<Tensor> tensor_inputs, std::vector<bool> arg_is_tensor,
-                                  std::vector<Tensor> outputs, CustomBackward backward);
+                                  std::vector<Tensor> outputs, CustomBackward backward, bool differentiable = true);
 bool any_requires_grad(const std::vector<Tensor>& tensors);
 bool requires_grad(const Tensor& t);
 
 template <typename T>
 inline constexpr bool kIsTensorArg = std::is_same_v<std::decay_t<T>, Tensor>;
+// Derived::once_differentiable (PyTorch's @once_differentiable), false when absent.
+template <class D, class = void>
+struct OnceDifferentiable : std::false_type {};
+template <class D>
+struct OnceDifferentiable<D, std::void_t<decltype(D::once_differentiable)>>
+    : std::bool_constant<static_cast<bool>(D::once_differentiable)> {};
 }  // namespace detail
 
 template <class Derived>
@@ -118,7 +140,8 @@ struct Function {
     }
     auto recorded = detail::record_custom(
         typeid(Derived).name(), std::move(ctx), std::move(tensor_inputs), std::move(arg_is_tensor), std::move(outs),
-        [](AutogradContext* c, std::vector<Tensor> grads) { return Derived::backward(c, std::move(grads)); });
+        [](AutogradContext* c, std::vector<Tensor> grads) { return Derived::backward(c, std::move(grads)); },
+        !detail::OnceDifferentiable<Derived>::value);
     if constexpr (std::is_same_v<Out, Tensor>) {
       return std::move(recorded[0]);
     } else {

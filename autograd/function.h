@@ -136,6 +136,9 @@ Tensor finish_to(const Tensor& src, Tensor out);
 
 // A detached alias of t sharing storage (for detach() and saved tensors).
 Tensor alias(const Tensor& t);
+// A detached alias of t that has the history `e` (a leaf's accumulator, or a node's output): a saved
+// tensor unpacked under create_graph.
+Tensor with_history(const Tensor& t, const Edge& e);
 
 // ---- in-place ops (node.cpp)
 // Records the in-place op `name` that has just overwritten self (after check_inplace said to

@@ -71,8 +71,8 @@ SavedTensor::SavedTensor(const Tensor& t, const char* op, Saved kind) : op_(op) 
 namespace {
 // The FunctionNode whose backward runs on this thread (its saved outputs' history under create_graph).
 thread_local FunctionNode* t_applying = nullptr;
+}  // namespace
 
-// A detached alias of t that has the history `e` (a leaf's accumulator, or a node's output).
 Tensor with_history(const Tensor& t, const Edge& e) {
   Tensor v = alias(t);
   auto m = std::make_shared<AutogradMeta>();
@@ -86,7 +86,6 @@ Tensor with_history(const Tensor& t, const Edge& e) {
   v.impl().autograd = std::move(m);
   return v;
 }
-}  // namespace
 
 Tensor SavedTensor::unpack() const {
   if (!data_.defined()) return data_;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <tapegrad/autograd/checkpoint.h>
 #include <tapegrad/autograd/custom_function.h>
 #include <tapegrad/autograd/function.h>
 
@@ -346,8 +347,21 @@ TEST(HigherOrder, LeafHookSeesRecordedGradientInBackward) {
 }
 
 // ---- ops without double backward: a tg::Error naming them, only when differentiated twice
-// A custom Function (first-order only here; PyTorch differentiates its backward again).
-struct SquareFn : tg::autograd::Function<SquareFn> {
+// Custom Functions: y = x^2 * w with x saved as an input and y saved as an output (its backward
+// reads both), differentiated twice; and the same with once_differentiable, refused at the second.
+struct SquareScale : tg::autograd::Function<SquareScale> {
+  static Tensor forward(tg::autograd::AutogradContext* ctx, const Tensor& x, const Tensor& w) {
+    Tensor y = x * x * w;
+    ctx->save_for_backward({x, w, y});
+    return y;
+  }
+  static std::vector<Tensor> backward(tg::autograd::AutogradContext* ctx, std::vector<Tensor> grads) {
+    auto s = ctx->saved_tensors();  // dy/dx = 2 y / x, dy/dw = x^2
+    return {grads[0] * s[2] * 2.0 / s[0], grads[0] * s[0] * s[0]};
+  }
+};
+struct SquareOnce : tg::autograd::Function<SquareOnce> {
+  static constexpr bool once_differentiable = true;
   static Tensor forward(tg::autograd::AutogradContext* ctx, const Tensor& x) {
     ctx->save_for_backward({x});
     return x * x;
@@ -357,15 +371,30 @@ struct SquareFn : tg::autograd::Function<SquareFn> {
   }
 };
 
+TEST(HigherOrder, CustomFunctionIsDifferentiatedTwice) {
+  Fn fn = [](const std::vector<Tensor>& a) { return SquareScale::apply(a[0] * 1.0, a[1]) * a[0]; };
+  Tensor x = tg::tensor<double>({0.7, -1.2, 1.5}, f64()), w = tg::tensor<double>({0.3, 2.0, -0.5}, f64());
+  auto r = tg::autograd::gradgradcheck(fn, {x, w});
+  EXPECT_TRUE(r.ok) << r;
+}
+
 TEST(HigherOrder, OpWithoutDoubleBackwardThrowsNamingIt) {
   // Right at first order under create_graph, refused at second, naming the node.
   Tensor x = leaf({0.3, -0.2, 0.9}, {3});
-  auto g = tg::autograd::grad({SquareFn::apply(x * 1.0).sum()}, {x}, GradOptions{.create_graph = true});
+  auto g = tg::autograd::grad({SquareOnce::apply(x * 1.0).sum()}, {x}, GradOptions{.create_graph = true});
   expect_near_vec(host(g[0]), {0.6, -0.4, 1.8}, 1e-15, 1e-14, "first order is right");
   ASSERT_TRUE(g[0].requires_grad()) << "not silently a constant";
   std::string e = error_of([&] { tg::autograd::grad({g[0].sum()}, {x}); });
-  EXPECT_NE(e.find("SquareFn"), std::string::npos) << e;
+  EXPECT_NE(e.find("SquareOnce"), std::string::npos) << e;
   EXPECT_NE(e.find("double backward not implemented"), std::string::npos) << e;
+  // utils::checkpoint's nested backward records nothing: the same error, naming it (its backward
+  // writes .grad(), so backward(), not grad()).
+  Tensor y = tg::utils::checkpoint([](const std::vector<Tensor>& in) { return in[0] * in[0] * in[0]; }, {x * 1.0});
+  y.sum().backward({}, {.create_graph = true});
+  expect_near_vec(host(x.grad()), {3 * 0.09, 3 * 0.04, 3 * 0.81}, 1e-15, 1e-14, "checkpoint, first order");
+  e = error_of([&] { tg::autograd::grad({x.grad().sum()}, {x}); });
+  x.mutable_grad() = Tensor();  // the create_graph .grad() reference cycle
+  EXPECT_NE(e.find("checkpoint"), std::string::npos) << e;
 }
 
 // In place on views of a graph tensor (CopySlices, and the views' rebuilt as_strided histories):
