@@ -21,6 +21,7 @@ namespace {
 struct ConvProblem {
   Shape x4, w4, out4;  // [N, C, H, W], [Co, C / g, KH, KW], [N, Co, OH, OW]
   int64_t pad[2] = {0, 0};
+  int64_t extra[2] = {0, 0};  // padding='same' with an odd total: the one more at the end than at the start
   bool batched = true;
 };
 
@@ -78,6 +79,7 @@ ConvProblem check_conv(const char* op, int spatial, const Tensor& x, const Tenso
     TG_CHECK(in[d] + before + after >= span, op, ": kernel of shape ", ws, " (dilation ", p.dilation[d],
              ") is larger than the padded input (input of shape ", xs, ", padding ", before + after, " in all)");
     r.pad[d] = before;
+    r.extra[d] = after - before;
     o[d] = (in[d] + before + after - span) / p.stride[d] + 1;
   }
   r.out4 = {n, co, o[0], o[1]};
@@ -123,11 +125,35 @@ backend::ConvArgs conv_args(const ConvProblem& r, const ConvParams& p, const Ten
   return a;
 }
 
+// padding='same' with an odd total (an even kernel span) pads the end by one more than the start.
+// As PyTorch, x is then zero-padded at the end by that one and the conv runs with symmetric
+// padding, so the backends only ever see symmetric padding (cuDNN's dgrad refuses, and its wgrad
+// mishandled, asymmetric padding expressed through the output size).
+bool asymmetric(const ConvProblem& r) { return r.extra[0] != 0 || r.extra[1] != 0; }
+Tensor pad_end(int spatial, const Tensor& x, const ConvProblem& r) {
+  Shape s = x.sizes();
+  const size_t last = s.size() - 1;
+  s[last] += r.extra[1];
+  if (spatial == 2) s[last - 1] += r.extra[0];
+  Tensor xp = full(s, 0, x.dtype(), x.device());
+  Tensor region = slice(xp, static_cast<int64_t>(last), 0, x.sizes()[last], 1);
+  if (spatial == 2) region = slice(region, static_cast<int64_t>(last - 1), 0, x.sizes()[last - 1], 1);
+  copy_(region, x);
+  return xp;
+}
+ConvParams symmetric(const ConvParams& p, const ConvProblem& r) {
+  ConvParams q = p;
+  q.same = false;
+  q.padding = {r.pad[0], r.pad[1]};
+  return q;
+}
+
 }  // namespace
 
 Tensor conv(const char* op, int spatial, const Tensor& x, const Tensor& weight, const Tensor& bias,
             const ConvParams& p) {
   const ConvProblem r = check_conv(op, spatial, x, weight, bias, p);
+  if (asymmetric(r)) return conv(op, spatial, pad_end(spatial, x, r), weight, bias, symmetric(p, r));
   backend::Backend& be = backend::get(x.device().type());
   const bool keep_cl = wants_channels_last(spatial, r, x);
   const bool cl = keep_cl && be.conv_takes_channels_last();
@@ -148,6 +174,17 @@ std::vector<Tensor> conv_backward(const char* op, int spatial, const Tensor& gra
   const ConvProblem r = check_conv(op, spatial, x, weight, Tensor(), p);
   TG_CHECK(grad.numel() == r.out4.numel(), op, " backward: grad of shape ", grad.sizes(), " for output of shape ",
            user_out_shape(spatial, r));
+  if (asymmetric(r)) {  // as conv(): the gradient of the zero-padded x, cut back to x's extent
+    std::vector<Tensor> out =
+        conv_backward(op, spatial, grad, pad_end(spatial, x, r), weight, symmetric(p, r), need_x, need_weight, need_bias);
+    if (out[0].defined()) {
+      const size_t last = x.sizes().size() - 1;
+      Tensor gx = slice(out[0], static_cast<int64_t>(last), 0, x.sizes()[last], 1);
+      if (spatial == 2) gx = slice(gx, static_cast<int64_t>(last - 1), 0, x.sizes()[last - 1], 1);
+      out[0] = contiguous(gx);
+    }
+    return out;
+  }
   std::vector<Tensor> out(3);
   backend::Backend& be = backend::get(x.device().type());
   const bool keep_cl = wants_channels_last(spatial, r, x);
