@@ -77,10 +77,7 @@ constexpr int64_t kImages = 50000, kFedSteps = 30;
 class HostImages : public tg::data::Dataset {
  public:
   HostImages() {
-    std::vector<uint8_t> px(static_cast<size_t>(kImages * 3 * 32 * 32));
-    uint32_t state = 12345;
-    for (uint8_t& p : px) p = static_cast<uint8_t>((state = state * 1664525u + 1013904223u) >> 24);
-    images_ = tg::tensor(px, {kImages, 3, 32, 32});
+    images_ = tg::tensor(tg::bench::random_bytes(static_cast<size_t>(kImages * 3 * 32 * 32)), {kImages, 3, 32, 32});
     std::vector<int64_t> labels(static_cast<size_t>(kImages));
     for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int64_t>(i) % kClasses;
     labels_ = tg::tensor(labels, {kImages});

@@ -32,10 +32,7 @@ constexpr int64_t kBatch = 512;
 class Images : public tg::data::Dataset {
  public:
   Images() {
-    std::vector<uint8_t> px(static_cast<size_t>(kImages * 3 * 32 * 32));
-    uint32_t state = 12345;
-    for (uint8_t& p : px) p = static_cast<uint8_t>((state = state * 1664525u + 1013904223u) >> 24);
-    images_ = tg::tensor(px, {kImages, 3, 32, 32});
+    images_ = tg::tensor(tg::bench::random_bytes(static_cast<size_t>(kImages * 3 * 32 * 32)), {kImages, 3, 32, 32});
     labels_ = tg::randperm(kImages);
   }
   int64_t size() const override { return kImages; }

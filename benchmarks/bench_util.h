@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,15 @@ inline void emit(const std::string& workload, double value, const char* unit, do
   std::printf("{\"workload\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"ms\": %.6g%s%s}\n", workload.c_str(), value,
               unit, ms, extra.empty() ? "" : ", ", extra.c_str());
   std::fflush(stdout);
+}
+
+// n pseudo-random bytes (a fixed LCG: the same images in every program and run), e.g. the pixels of
+// the DataLoader benchmarks' uint8 images.
+inline std::vector<uint8_t> random_bytes(size_t n) {
+  std::vector<uint8_t> px(n);
+  uint32_t state = 12345;
+  for (uint8_t& p : px) p = static_cast<uint8_t>((state = state * 1664525u + 1013904223u) >> 24);
+  return px;
 }
 
 }  // namespace tg::bench

@@ -46,6 +46,29 @@ Tensor rand_leaf(Shape shape, double lo, double hi, uint64_t seed, Device dev = 
   return leaf(values(n, lo, hi, seed), shape, dev);
 }
 
+// The gradient of loss(w) into each of w (computed by the caller: `ana`) against central finite
+// differences of loss, element by element.
+void expect_matches_finite_differences(const std::vector<Tensor>& w, const std::vector<Tensor>& ana,
+                                       const std::function<Tensor(const std::vector<Tensor>&)>& loss) {
+  const double e = 1e-6;
+  for (size_t k = 0; k < w.size(); ++k) {
+    std::vector<double> num;
+    for (int64_t j = 0; j < w[k].numel(); ++j) {
+      auto at = [&](double s) {
+        std::vector<Tensor> q;
+        for (size_t i = 0; i < w.size(); ++i) {
+          std::vector<double> hv = host(w[i]);
+          if (i == k) hv[static_cast<size_t>(j)] += s;
+          q.push_back(leaf(hv, w[i].sizes()));
+        }
+        return loss(q).item<double>();
+      };
+      num.push_back((at(e) - at(-e)) / (2 * e));
+    }
+    expect_near_vec(host(ana[k]), num, 1e-7, 1e-5, "d loss / d w" + std::to_string(k));
+  }
+}
+
 // ---- closed forms
 struct ClosedForm {
   const char* name;
@@ -203,23 +226,7 @@ TEST(HigherOrder, GradientPenaltyIntoWeightsMatchesFiniteDifferences) {
   std::vector<Tensor> w = {rand_leaf({4, 3}, -1, 1, 31), rand_leaf({4}, -0.5, 0.5, 32), rand_leaf({4}, -1, 1, 33)};
   Tensor x = tg::tensor<double>(values(5 * 3, -1, 1, 34), f64()).reshape({5, 3});
   auto gw = tg::autograd::grad({penalty(w, x)}, w);
-  const double e = 1e-6;
-  for (size_t k = 0; k < w.size(); ++k) {
-    std::vector<double> ana = host(gw[k]), num;
-    for (int64_t j = 0; j < w[k].numel(); ++j) {
-      auto at = [&](double s) {
-        std::vector<Tensor> q;
-        for (size_t i = 0; i < w.size(); ++i) {
-          std::vector<double> hv = host(w[i]);
-          if (i == k) hv[static_cast<size_t>(j)] += s;
-          q.push_back(leaf(hv, w[i].sizes()));
-        }
-        return penalty(q, x).item<double>();
-      };
-      num.push_back((at(e) - at(-e)) / (2 * e));
-    }
-    expect_near_vec(ana, num, 1e-7, 1e-5, "d penalty / d w" + std::to_string(k));
-  }
+  expect_matches_finite_differences(w, gw, [&](const std::vector<Tensor>& q) { return penalty(q, x); });
 }
 
 // WGAN-GP style: a critic trained on -mean D(real) + mean D(fake) + 10 * penalty at interpolates with
@@ -788,26 +795,12 @@ TEST(HigherOrder, GradientPenaltyThroughConv2dMatchesFiniteDifferences) {
                            rand_leaf({3, 3, 3}, -1, 1, 53)};
   Tensor x = tg::tensor<double>(values(3 * 2 * 5 * 5, -1, 1, 54), f64()).reshape({3, 2, 5, 5});
   auto gw = tg::autograd::grad({conv_penalty(w, x)}, w);
-  const double e = 1e-6;
   for (size_t k = 0; k < w.size(); ++k) {
-    std::vector<double> ana = host(gw[k]), num;
     double norm = 0;
-    for (double v : ana) norm += v * v;
+    for (double v : host(gw[k])) norm += v * v;
     EXPECT_GT(norm, 1e-6) << "a non-trivial gradient for w" << k;
-    for (int64_t j = 0; j < w[k].numel(); ++j) {
-      auto at = [&](double s) {
-        std::vector<Tensor> q;
-        for (size_t i = 0; i < w.size(); ++i) {
-          std::vector<double> hv = host(w[i]);
-          if (i == k) hv[static_cast<size_t>(j)] += s;
-          q.push_back(leaf(hv, w[i].sizes()));
-        }
-        return conv_penalty(q, x).item<double>();
-      };
-      num.push_back((at(e) - at(-e)) / (2 * e));
-    }
-    expect_near_vec(ana, num, 1e-7, 1e-5, "d penalty / d w" + std::to_string(k));
   }
+  expect_matches_finite_differences(w, gw, [&](const std::vector<Tensor>& q) { return conv_penalty(q, x); });
 }
 
 // An op y = x^3 whose recorded backward is right at first order but treats x^2 as a constant
