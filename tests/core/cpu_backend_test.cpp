@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -21,6 +22,7 @@
 
 #include <tapegrad/core/backend/backend.h>
 #include <tapegrad/core/backend/cpu/cpu.h>
+#include <tapegrad/core/backend/cpu/isa/gemm_isa.h>
 #include <tapegrad/core/philox.h>
 
 namespace {
@@ -269,6 +271,40 @@ TEST(CpuGemm, AllTransposesAndShapes) {
       check_gemm<float>(257, 129, 200, ta, tb, 1, false, 1e-6);  // split over rows
       check_gemm<double>(64, 513, 65, ta, tb, 1, false, 1e-13);
     }
+}
+
+// Every instruction set this build carries and this CPU runs (base, avx2, avx512 on x86-64)
+// against the float64 reference, whichever the library would choose by itself.
+TEST(CpuGemm, EveryInstructionSetMatchesTheReference) {
+  namespace isa = tg::cpu::isa;
+  const std::string chosen = isa::gemm_kernels().name;
+  const std::vector<std::string> names = isa::available_gemm_isas();
+  ASSERT_FALSE(names.empty());
+  EXPECT_EQ(names.front(), "base");
+  if (std::getenv("TG_CPU_ISA") == nullptr)
+    EXPECT_EQ(chosen, names.back()) << "the widest available set is the default";
+  for (const std::string& n : names) {
+    SCOPED_TRACE(n);
+    isa::set_gemm_isa(n);
+    EXPECT_EQ(std::string(isa::gemm_kernels().name), n);
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        check_gemm<float>(37, 45, 29, ta, tb, 1, false, 1e-6);
+        check_gemm<float>(257, 129, 200, ta, tb, 1, false, 1e-6);  // split over threads
+        check_gemm<double>(64, 513, 65, ta, tb, 1, false, 1e-13);
+      }
+    check_gemm<float>(8, 6, 5, true, false, 37, true, 1e-6);
+  }
+  isa::set_gemm_isa(chosen);
+  try {
+    isa::set_gemm_isa("sse9");
+    ADD_FAILURE() << "an unknown instruction set must throw";
+  } catch (const tg::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("sse9"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("base"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(std::string(isa::gemm_kernels().name), chosen);
 }
 
 TEST(CpuGemm, BatchedAndBroadcast) {

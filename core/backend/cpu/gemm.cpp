@@ -1,73 +1,152 @@
-// CPU matrix products through Eigen (single-threaded per call; we split C into
-// row or column blocks across the thread pool ourselves so Eigen never needs
-// OpenMP). float16 / bfloat16 operands are widened to float, multiplied in
-// float and narrowed on the store. Batches run in parallel when each product is
-// too small to split.
-#include <Eigen/Core>
+// CPU matrix products: single-threaded Eigen kernels built once per instruction set
+// (isa/gemm_eigen.cpp; the widest this CPU runs is chosen at the first product), with C split
+// into row or column blocks across our thread pool here, so Eigen never needs OpenMP. float16 /
+// bfloat16 operands are widened to float, multiplied in float and narrowed on the store. Batches
+// run in parallel when each product is too small to split.
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include <tapegrad/core/backend/cpu/cpu.h>
+#include <tapegrad/core/backend/cpu/isa/gemm_isa.h>
 #include <tapegrad/core/backend/cpu/thread_pool.h>
 #include <tapegrad/core/error.h>
 
 namespace tg::cpu {
 
+namespace isa {
+
+namespace {
+
+// The kernels this build carries, narrowest first, with whether this CPU runs them.
+struct Entry {
+  GemmKernels kernels;
+  bool runs;
+};
+
+// __builtin_cpu_supports also checks that the OS saves the vector registers (XGETBV).
+[[maybe_unused]] bool runs_avx2() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+[[maybe_unused]] bool runs_avx512() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  return runs_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
+const std::vector<Entry>& entries() {
+  static const std::vector<Entry> all = [] {
+    std::vector<Entry> v{{{"base", &gemm_f32_base, &gemm_f64_base}, true}};
+#ifdef TG_CPU_ISA_AVX2
+    v.push_back({{"avx2", &gemm_f32_avx2, &gemm_f64_avx2}, runs_avx2()});
+#endif
+#ifdef TG_CPU_ISA_AVX512
+    v.push_back({{"avx512", &gemm_f32_avx512, &gemm_f64_avx512}, runs_avx512()});
+#endif
+    return v;
+  }();
+  return all;
+}
+
+const GemmKernels* find(std::string_view name) {
+  const GemmKernels* found = nullptr;
+  for (const Entry& e : entries())
+    if (e.runs && name == e.kernels.name) found = &e.kernels;
+  if (found == nullptr) {
+    std::string have;
+    for (const std::string& n : available_gemm_isas()) have += (have.empty() ? "" : ", ") + n;
+    TG_ERROR("cpu gemm: instruction set '", std::string(name), "' is not available (this build on this CPU has: ", have,
+             "; set TG_CPU_ISA to one of them or leave it unset)");
+  }
+  return found;
+}
+
+std::atomic<const GemmKernels*>& current() {
+  static std::atomic<const GemmKernels*> cur{nullptr};
+  return cur;
+}
+
+}  // namespace
+
+std::vector<std::string> available_gemm_isas() {
+  std::vector<std::string> names;
+  for (const Entry& e : entries())
+    if (e.runs) names.emplace_back(e.kernels.name);
+  return names;
+}
+
+const GemmKernels& gemm_kernels() {
+  const GemmKernels* k = current().load(std::memory_order_acquire);
+  if (k != nullptr) return *k;
+  const char* env = std::getenv("TG_CPU_ISA");
+  if (env != nullptr && *env != 0) {
+    k = find(env);
+  } else {
+    for (const Entry& e : entries())
+      if (e.runs) k = &e.kernels;  // the widest
+  }
+  current().store(k, std::memory_order_release);
+  return *k;
+}
+
+void set_gemm_isa(std::string_view name) { current().store(find(name), std::memory_order_release); }
+
+}  // namespace isa
+
 using backend::GemmArgs;
 
 namespace {
 
-template <typename S>
-using RowMat = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename S>
-using ConstMap = Eigen::Map<const RowMat<S>, Eigen::Unaligned, Eigen::OuterStride<>>;
-template <typename S>
-using MutMap = Eigen::Map<RowMat<S>, Eigen::Unaligned, Eigen::OuterStride<>>;
-
 // Below this many multiply-adds a product runs on one thread.
 constexpr double kMinFlopsPerThread = 1 << 18;
 
-struct Geometry {
-  int64_t m, n, k;
-  bool ta, tb;
-  int64_t lda, ldb, ldc;
-};
+using Geometry = isa::GemmBlock;
 
-// C = op(A) @ op(B) for float or double, all row-major with leading dimensions.
+template <typename S>
+void block_product(const Geometry& g, const S* a, const S* b, S* c) {
+  const isa::GemmKernels& k = isa::gemm_kernels();
+  if constexpr (std::is_same_v<S, float>)
+    k.f32(g, a, b, c);
+  else
+    k.f64(g, a, b, c);
+}
+
+// C = op(A) @ op(B) for float or double, all row-major with leading dimensions: C's rows (or
+// columns, when it is wider than tall) in one block per thread.
 template <typename S>
 void gemm_2d(const Geometry& g, const S* a, const S* b, S* c) {
-  MutMap<S> C(c, g.m, g.n, Eigen::OuterStride<>(g.ldc));
-  if (g.k == 0) {
-    C.setZero();
-    return;
-  }
-  ConstMap<S> A(a, g.ta ? g.k : g.m, g.ta ? g.m : g.k, Eigen::OuterStride<>(g.lda));
-  ConstMap<S> B(b, g.tb ? g.n : g.k, g.tb ? g.k : g.n, Eigen::OuterStride<>(g.ldb));
   const double flops = static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
   const int64_t want =
       std::max<int64_t>(1, std::min<int64_t>(get_num_threads(), static_cast<int64_t>(flops / kMinFlopsPerThread)));
+  if (want == 1 || g.k == 0) {
+    block_product<S>(g, a, b, c);
+    return;
+  }
   const bool split_rows = g.m >= g.n;
   const int64_t extent = split_rows ? g.m : g.n;
   const int64_t grain = (extent + want - 1) / want;
-  auto run = [&](const auto& lhs, const auto& rhs) {
-    parallel(0, extent, grain, [&](int64_t lo, int64_t hi) {
-      if (split_rows) {
-        C.middleRows(lo, hi - lo).noalias() = lhs.middleRows(lo, hi - lo) * rhs;
-      } else {
-        C.middleCols(lo, hi - lo).noalias() = lhs * rhs.middleCols(lo, hi - lo);
-      }
-    });
-  };
-  if (!g.ta && !g.tb) {
-    run(A, B);
-  } else if (!g.ta) {
-    run(A, B.transpose());
-  } else if (!g.tb) {
-    run(A.transpose(), B);
-  } else {
-    run(A.transpose(), B.transpose());
-  }
+  parallel(0, extent, grain, [&](int64_t lo, int64_t hi) {
+    Geometry part = g;
+    if (split_rows) {  // rows lo..hi of op(A) and C
+      part.m = hi - lo;
+      block_product<S>(part, a + (g.ta ? lo : lo * g.lda), b, c + lo * g.ldc);
+    } else {  // columns lo..hi of op(B) and C
+      part.n = hi - lo;
+      block_product<S>(part, a, b + (g.tb ? lo * g.ldb : lo), c + lo);
+    }
+  });
 }
 
 // The same for float16 / bfloat16: widen op(A), op(B) to dense float, multiply, narrow
