@@ -254,18 +254,23 @@ Tensor pool2d_backward(const backend::Pool2dArgs& a, const Tensor& grad, const T
 // ---- issue 17: batch_norm (core/native/batch_norm.cpp). x, dy: [N, C, *] of one floating dtype,
 // any layout, N * prod(*) >= 1 and C >= 1 (checked by the caller, nn/batch_norm.cpp); per-channel
 // vectors [C] in the accumulation dtype (float64 for float64 x, else float32) on x's device.
+// Layout: a 4-d x that is channels-last (NHWC-dense, not also row-major) keeps it: the results
+// (y, dx) are channels-last; every other x is computed, and its results returned, row-major.
 struct BatchNormStats {
   Tensor mean, var;  // var: biased
 };
 BatchNormStats batch_norm_stats(const Tensor& x);
-// (x - mean[c]) * scale[c] + shift[c] (shift may be undefined), contiguous, x's dtype.
+// (x - mean[c]) * scale[c] + shift[c] (shift may be undefined), in x's layout, x's dtype.
 Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& scale, const Tensor& shift);
 // {sum dy, sum dy * (x - mean) * invstd} per channel.
 std::pair<Tensor, Tensor> batch_norm_reduce(const Tensor& dy, const Tensor& x, const Tensor& mean,
                                             const Tensor& invstd);
-// (dy - mean_dy[c] - (x - mean[c]) * invstd[c] * mean_dy_xhat[c]) * scale[c], contiguous, x's dtype.
+// (dy - mean_dy[c] - (x - mean[c]) * invstd[c] * mean_dy_xhat[c]) * scale[c], in x's layout, x's dtype.
 Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& invstd,
                                  const Tensor& scale, const Tensor& mean_dy, const Tensor& mean_dy_xhat);
+// t (x's shape) in the layout and dtype the kernels above use for x (t itself when it already is):
+// a caller passing one operand to several of them converts it once.
+Tensor batch_norm_operand(const Tensor& t, const Tensor& x);
 
 // ---- issue 17: convolution (core/native/conv.cpp); `op` names errors
 // Resolved conv options in 2-d terms ([H, W]; a 1-d conv uses index 1, index 0 being 1 / 0 / 1).

@@ -42,12 +42,18 @@ Tensor per_channel(const Tensor& v, const Tensor& x, DType dt) {
   return v.to(dt).reshape(s);
 }
 
-// y * weight + bias per channel (each optional), then the input's dtype.
+// y itself when dense row-major or channels-last (the layouts results keep), else a row-major copy.
+Tensor dense(const Tensor& y) {
+  return y.is_contiguous() || y.is_contiguous(MemoryFormat::ChannelsLast) ? y : y.contiguous();
+}
+
+// y * weight + bias per channel (each optional), then the input's dtype; y's layout (the
+// broadcast ops follow a channels-last y).
 Tensor affine_out(Tensor y, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const DType dt = y.dtype();
   if (weight.defined()) y = y * per_channel(weight, x, dt);
   if (bias.defined()) y = y + per_channel(bias, x, dt);
-  return y.to(x.dtype()).contiguous();
+  return dense(y.to(x.dtype()));
 }
 
 // batch_norm's gradients (training mode) with recorded ops, for create_graph: the statistics
@@ -77,8 +83,8 @@ std::vector<Tensor> batch_norm_backward_recorded(const Tensor& g, const Tensor& 
 // Training mode on a non-empty x: the fused kernels (native::batch_norm_*), batch statistics,
 // the running-stat update, and a node whose backward is one per-channel reduction and one
 // elementwise pass. Per-channel vectors in the accumulation dtype.
-Tensor batch_norm_train(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
-                        const Tensor& weight, const Tensor& bias, double momentum, double eps) {
+Tensor batch_norm_train(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                        const Tensor& bias, double momentum, double eps) {
   const DType dt = compute_dtype(x.dtype());
   const double count = static_cast<double>(x.numel() / x.sizes()[1]);
   Tensor mean, invstd, scale, shift;
@@ -110,11 +116,13 @@ Tensor batch_norm_train(const Tensor& x, const Tensor& running_mean, const Tenso
           return batch_norm_backward_recorded(g, sx.unpack(), has_w ? sw.unpack() : Tensor(), eps, wdt, bdt,
                                               n.needs_input_grad(0), n.needs_input_grad(1), n.needs_input_grad(2));
         NoGradGuard no_grad;
-        const Tensor xv = native::contiguous(sx.unpack());
-        auto [sum_dy, sum_dy_xhat] = native::batch_norm_reduce(g, xv, mean, invstd);
+        // x and g in the kernels' layout once (x's: channels-last stays so), for both passes.
+        const Tensor x0 = sx.unpack();
+        const Tensor xv = native::batch_norm_operand(x0, x0), gv = native::batch_norm_operand(g, x0);
+        auto [sum_dy, sum_dy_xhat] = native::batch_norm_reduce(gv, xv, mean, invstd);
         std::vector<Tensor> out(3);
         if (n.needs_input_grad(0))
-          out[0] = native::batch_norm_backward_elemt(g, xv, mean, invstd, scale, sum_dy * (1 / count),
+          out[0] = native::batch_norm_backward_elemt(gv, xv, mean, invstd, scale, sum_dy * (1 / count),
                                                      sum_dy_xhat * (1 / count));
         if (n.needs_input_grad(1)) out[1] = sum_dy_xhat.to(wdt);
         if (n.needs_input_grad(2)) out[2] = sum_dy.to(bdt);
@@ -161,8 +169,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
     if (weight.defined()) scale = scale * weight.to(dt);
     Tensor shift = running_mean.to(dt) * scale;
     shift = bias.defined() ? bias.to(dt) - shift : -shift;
-    Tensor y = xc * per_channel(scale, x, dt) + per_channel(shift, x, dt);
-    return y.to(x.dtype()).contiguous();
+    Tensor y = xc * per_channel(scale, x, dt) + per_channel(shift, x, dt);  // x's layout when channels-last
+    return dense(y.to(x.dtype()));
   }
   Tensor out;
   {
@@ -218,8 +226,8 @@ BatchNormBase::BatchNormBase(int64_t features, BatchNormOptions opts, TensorOpti
   if (options.track_running_stats) {
     running_mean = register_buffer("running_mean", empty({features}, to));
     running_var = register_buffer("running_var", empty({features}, to));
-    num_batches_tracked = register_buffer(
-        "num_batches_tracked", zeros({}, TensorOptions().dtype(kInt64).device(tensor_options.device())));
+    num_batches_tracked = register_buffer("num_batches_tracked",
+                                          zeros({}, TensorOptions().dtype(kInt64).device(tensor_options.device())));
   }
   reset_parameters();
 }
@@ -280,8 +288,6 @@ void GroupNorm::reset_parameters() {
   if (bias.defined()) init::zeros_(bias);
 }
 
-Tensor GroupNorm::forward(const Tensor& x) {
-  return functional::group_norm(x, num_groups, weight, bias, options.eps);
-}
+Tensor GroupNorm::forward(const Tensor& x) { return functional::group_norm(x, num_groups, weight, bias, options.eps); }
 
 }  // namespace tg::nn

@@ -26,9 +26,9 @@ struct RefBN {
 
 // batch_norm in float64. training: batch stats (biased for y, unbiased for the running update) and
 // the backward through them for upstream gradient g; eval: the running stats, dx = g * w * rstd.
-RefBN ref_batch_norm(const std::vector<double>& x, Layout L, const std::vector<double>& w,
-                     const std::vector<double>& b, std::vector<double> rm, std::vector<double> rv,
-                     const std::vector<double>& g, bool training, double momentum, double eps) {
+RefBN ref_batch_norm(const std::vector<double>& x, Layout L, const std::vector<double>& w, const std::vector<double>& b,
+                     std::vector<double> rm, std::vector<double> rv, const std::vector<double>& g, bool training,
+                     double momentum, double eps) {
   RefBN r;
   r.y.resize(x.size());
   r.gx.resize(x.size());
@@ -73,8 +73,8 @@ RefBN ref_batch_norm(const std::vector<double>& x, Layout L, const std::vector<d
 }
 
 // group_norm forward in float64.
-std::vector<double> ref_group_norm(const std::vector<double>& x, Layout L, int64_t groups,
-                                   const std::vector<double>& w, const std::vector<double>& b, double eps) {
+std::vector<double> ref_group_norm(const std::vector<double>& x, Layout L, int64_t groups, const std::vector<double>& w,
+                                   const std::vector<double>& b, double eps) {
   std::vector<double> y(x.size());
   const int64_t cg = L.c / groups;
   for (int64_t i = 0; i < L.n; ++i)
@@ -204,7 +204,8 @@ TEST_P(BN, HalfPrecisionWithinTolerance) {
     // Float32 parameters and running stats with a reduced input, as a BatchNorm2d under autocast.
     Tensor w = tg::randn({3}, TensorOptions(kFloat32).device(d)).requires_grad_(true);
     Tensor b = tg::randn({3}, TensorOptions(kFloat32).device(d)).requires_grad_(true);
-    Tensor rm = tg::zeros({3}, TensorOptions(kFloat32).device(d)), rv = tg::ones({3}, TensorOptions(kFloat32).device(d));
+    Tensor rm = tg::zeros({3}, TensorOptions(kFloat32).device(d)),
+           rv = tg::ones({3}, TensorOptions(kFloat32).device(d));
     Tensor g = tg::randn({8, 3, 4, 4}, f64(d)).to(dt);
     RefBN ref = ref_batch_norm(host(x), {8, 3, 16}, host(w), host(b), host(rm), host(rv), host(g), true, 0.1, 1e-5);
     Tensor y = F::batch_norm(x, rm, rv, w, b, true);
@@ -233,10 +234,11 @@ TEST_P(BN, LargerShapesFloat32) {
     Tensor x = (tg::randn(shape, f64(d)) * 2 + 3).to(kFloat32).detach().requires_grad_(true);
     Tensor w = tg::randn({c}, TensorOptions(kFloat32).device(d)).requires_grad_(true);
     Tensor b = tg::randn({c}, TensorOptions(kFloat32).device(d)).requires_grad_(true);
-    Tensor rm = tg::zeros({c}, TensorOptions(kFloat32).device(d)), rv = tg::ones({c}, TensorOptions(kFloat32).device(d));
+    Tensor rm = tg::zeros({c}, TensorOptions(kFloat32).device(d)),
+           rv = tg::ones({c}, TensorOptions(kFloat32).device(d));
     Tensor g = tg::randn(shape, f64(d)).to(kFloat32);
-    RefBN ref = ref_batch_norm(host(x), {shape[0], c, s}, host(w), host(b), host(rm), host(rv), host(g), true, 0.1,
-                               1e-5);
+    RefBN ref =
+        ref_batch_norm(host(x), {shape[0], c, s}, host(w), host(b), host(rm), host(rv), host(g), true, 0.1, 1e-5);
     Tensor y = F::batch_norm(x, rm, rv, w, b, true);
     y.backward(g);
     const double sum_tol = 1e-5 * std::sqrt(static_cast<double>(shape[0] * s)) * 4;
@@ -275,6 +277,251 @@ TEST_P(BN, GroupNormMatchesReferenceAndGradcheck) {
                   "group_norm float16");
 }
 
+// ---- channels-last (NHWC) inputs keep their layout and give the row-major values.
+
+Shape nhwc_strides(const Shape& s) { return {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}; }
+
+struct BNRun {
+  Tensor y, rm, rv, gx, gw, gb;
+};
+
+// batch_norm forward + backward of x (any layout) with upstream g, fresh copies of the parameters
+// and running stats.
+BNRun run_batch_norm(const Tensor& x_in, const Tensor& g, const Tensor& w, const Tensor& b, const Tensor& rm,
+                     const Tensor& rv, bool training) {
+  BNRun r;
+  Tensor x = x_in.detach().requires_grad_(true);
+  Tensor wc = w.clone().requires_grad_(true), bc = b.clone().requires_grad_(true);
+  r.rm = rm.clone();
+  r.rv = rv.clone();
+  r.y = F::batch_norm(x, r.rm, r.rv, wc, bc, training, 0.3, 1e-5);
+  // autograd::grad: the gradients as the node returns them (a leaf's .grad() is made row-major).
+  std::vector<Tensor> gs = tg::autograd::grad({r.y}, {x, wc, bc}, {g});
+  r.gx = gs[0];
+  r.gw = gs[1];
+  r.gb = gs[2];
+  return r;
+}
+
+void expect_same_run(const BNRun& got, const BNRun& want, double tol, const std::string& what) {
+  expect_near_vec(host(got.y), host(want.y), tol, tol, what + " y");
+  expect_near_vec(host(got.rm), host(want.rm), tol, tol, what + " running_mean");
+  expect_near_vec(host(got.rv), host(want.rv), tol, tol, what + " running_var");
+  expect_near_vec(host(got.gx), host(want.gx), tol, tol, what + " grad x");
+  expect_near_vec(host(got.gw), host(want.gw), tol, tol, what + " grad weight");
+  expect_near_vec(host(got.gb), host(want.gb), tol, tol, what + " grad bias");
+}
+
+// x as channels-last (and g in either layout) against the row-major x, float64, train and eval:
+// the same values to 1e-12; y (and the training dx) channels-last, and not row-major unless NHWC
+// is also row-major ([N, C, 1, 1]).
+TEST_P(BN, ChannelsLastMatchesRowMajorAndKeepsLayout) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  const Device d = to_device(GetParam());
+  tg::manual_seed(31);
+  for (const Shape& shape :
+       {Shape{4, 3, 5, 6}, Shape{8, 40, 3, 2}, Shape{6, 3, 1, 1}, Shape{5, 7, 1, 4}, Shape{3, 33, 2, 9}}) {
+    const int64_t c = shape[1];
+    Tensor x = tg::randn(shape, f64(d)) * 3 + 1.5, g = tg::randn(shape, f64(d));
+    Tensor w = tg::randn({c}, f64(d)), b = tg::randn({c}, f64(d));
+    Tensor rm = tg::randn({c}, f64(d)), rv = tg::rand({c}, f64(d)) + 0.5;
+    Tensor xcl = x.contiguous(MemoryFormat::ChannelsLast);
+    ASSERT_TRUE(xcl.is_contiguous(MemoryFormat::ChannelsLast));
+    const bool also_row_major = xcl.is_contiguous();  // [N, C, 1, 1]
+    for (bool training : {true, false})
+      for (bool g_cl : {true, false}) {
+        const std::string what = "shape " + ::testing::PrintToString(shape) + (training ? " train" : " eval") +
+                                 (g_cl ? " g channels-last" : " g row-major");
+        BNRun want = run_batch_norm(x, g, w, b, rm, rv, training);
+        BNRun got = run_batch_norm(xcl, g_cl ? g.contiguous(MemoryFormat::ChannelsLast) : g, w, b, rm, rv, training);
+        EXPECT_TRUE(want.y.is_contiguous()) << what;
+        EXPECT_TRUE(got.y.is_contiguous(MemoryFormat::ChannelsLast)) << what << " " << got.y.strides();
+        // eval's dx is g * scale (broadcast ops): g's layout.
+        if (training || g_cl)
+          EXPECT_TRUE(got.gx.is_contiguous(MemoryFormat::ChannelsLast)) << what << " " << got.gx.strides();
+        if (!also_row_major) {
+          EXPECT_FALSE(got.y.is_contiguous()) << what;
+          EXPECT_EQ(got.y.strides(), nhwc_strides(shape)) << what;
+        }
+        expect_same_run(got, want, 1e-12, what);
+      }
+  }
+}
+
+TEST_P(BN, ChannelsLastModuleTrainThenEval) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  const Device d = to_device(GetParam());
+  tg::manual_seed(32);
+  tg::nn::BatchNorm2d a(40, {}, f64(d)), bcl(40, {}, f64(d));
+  for (int step = 0; step < 2; ++step) {
+    Tensor x = tg::randn({4, 40, 3, 5}, f64(d)) + step;
+    Tensor ya = a(x), yb = bcl(x.contiguous(MemoryFormat::ChannelsLast));
+    EXPECT_TRUE(yb.is_contiguous(MemoryFormat::ChannelsLast) && !yb.is_contiguous());
+    expect_near_vec(host(yb), host(ya), 1e-12, 1e-12, "BatchNorm2d channels-last train y");
+  }
+  expect_near_vec(host(bcl.running_mean), host(a.running_mean), 1e-12, 1e-12, "running_mean");
+  expect_near_vec(host(bcl.running_var), host(a.running_var), 1e-12, 1e-12, "running_var");
+  a.eval();
+  bcl.eval();
+  Tensor x = tg::randn({2, 40, 3, 5}, f64(d));
+  Tensor ya = a(x), yb = bcl(x.contiguous(MemoryFormat::ChannelsLast));
+  EXPECT_TRUE(yb.is_contiguous(MemoryFormat::ChannelsLast) && !yb.is_contiguous());
+  expect_near_vec(host(yb), host(ya), 1e-12, 1e-12, "BatchNorm2d channels-last eval y");
+  // float32 eval (a cast back to the input's dtype) keeps the layout too.
+  tg::nn::BatchNorm2d h(40, {}, TensorOptions(kFloat32).device(d));
+  h.eval();
+  Tensor yh = h(x.to(kFloat16).contiguous(MemoryFormat::ChannelsLast));
+  EXPECT_EQ(yh.dtype(), kFloat16);
+  EXPECT_TRUE(yh.is_contiguous(MemoryFormat::ChannelsLast) && !yh.is_contiguous());
+}
+
+TEST_P(BN, GradcheckChannelsLast) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  const Device d = to_device(GetParam());
+  tg::manual_seed(33);
+  Tensor x = tg::randn({3, 5, 2, 3}, f64(d)).requires_grad_(true);
+  Tensor w = tg::randn({5}, f64(d)).requires_grad_(true), b = tg::randn({5}, f64(d)).requires_grad_(true);
+  Tensor rm = tg::randn({5}, f64(d)), rv = tg::rand({5}, f64(d)) + 0.5;
+  for (bool training : {true, false}) {
+    auto rep = tg::autograd::gradcheck(
+        [&](const std::vector<Tensor>& in) {
+          Tensor m = rm.clone(), v = rv.clone();
+          Tensor xcl = in[0].contiguous(MemoryFormat::ChannelsLast);
+          Tensor y = F::batch_norm(xcl, m, v, in[1], in[2], training, 0.1, 1e-3);
+          TG_CHECK(y.is_contiguous(MemoryFormat::ChannelsLast) && !y.is_contiguous(), "layout lost");
+          return y * y;  // a non-uniform upstream gradient, in y's layout
+        },
+        {x, w, b});
+    EXPECT_TRUE(rep.ok) << (training ? "train: " : "eval: ") << rep;
+  }
+}
+
+// ---- CUDA kernels against the CPU float64 reference; run-to-run bits; graph capture.
+
+struct CudaCase {
+  Shape shape;
+  bool channels_last;
+};
+
+// The CUDA result for x in dtype dt against the CPU float64 result from the same (rounded) input.
+void check_cuda_against_cpu(const CudaCase& k, DType dt, double tol, double sum_rtol) {
+  const Shape& shape = k.shape;
+  const int64_t c = shape[1];
+  const std::string what =
+      ::testing::PrintToString(shape) + (k.channels_last ? " NHWC " : " NCHW ") + std::string(dtype_name(dt));
+  tg::manual_seed(41);
+  Tensor x = (tg::randn(shape, f64(kCPU)) * 2 + 1).to(dt), g = tg::randn(shape, f64(kCPU)).to(dt);
+  const TensorOptions po = TensorOptions(dt == kFloat64 ? kFloat64 : kFloat32);
+  Tensor w = tg::randn({c}, po), b = tg::randn({c}, po);
+  Tensor rm = tg::randn({c}, po), rv = tg::rand({c}, po) + 0.5;
+  auto layout = [&](const Tensor& t) { return k.channels_last ? t.contiguous(MemoryFormat::ChannelsLast) : t; };
+  for (bool training : {true, false}) {
+    SCOPED_TRACE(what + (training ? " train" : " eval"));
+    BNRun want = run_batch_norm(x.to(kFloat64), g.to(kFloat64), w.to(kFloat64), b.to(kFloat64), rm.to(kFloat64),
+                                rv.to(kFloat64), training);
+    BNRun got = run_batch_norm(layout(x.to(kCUDA)), layout(g.to(kCUDA)), w.to(kCUDA), b.to(kCUDA), rm.to(kCUDA),
+                               rv.to(kCUDA), training);
+    ASSERT_EQ(got.y.dtype(), dt);
+    if (k.channels_last) {
+      EXPECT_TRUE(got.y.is_contiguous(MemoryFormat::ChannelsLast));
+      EXPECT_TRUE(got.gx.is_contiguous(MemoryFormat::ChannelsLast));
+    }
+    const double count = static_cast<double>(shape.numel() / c);
+    expect_near_vec(host(got.y), host(want.y), tol, tol, "y");
+    expect_near_vec(host(got.rm), host(want.rm), sum_rtol, sum_rtol, "running_mean");
+    expect_near_vec(host(got.rv), host(want.rv), sum_rtol, sum_rtol, "running_var");
+    expect_near_vec(host(got.gx), host(want.gx), 2 * tol, 2 * tol, "grad x");
+    // Sums of `count` terms of magnitude ~1: absolute error grows like sqrt(count).
+    expect_near_vec(host(got.gw), host(want.gw), sum_rtol * std::sqrt(count) * 4, sum_rtol, "grad weight");
+    expect_near_vec(host(got.gb), host(want.gb), sum_rtol * std::sqrt(count) * 4, sum_rtol, "grad bias");
+  }
+}
+
+const std::vector<CudaCase>& cuda_cases() {
+  static const std::vector<CudaCase> cases{
+      {{64, 40, 33, 17}, false}, {{64, 40, 33, 17}, true}, {{512, 64, 16, 16}, true}, {{2, 3, 1, 1}, false},
+      {{2, 3, 1, 1}, true},      {{3, 5, 1, 7}, true},     {{257, 70}, false},        {{4, 300, 3}, false}};
+  return cases;
+}
+
+// float64: both layouts agree with the CPU to rounding; float32: 1e-4 (outputs of magnitude ~3);
+// float16 / bfloat16: one rounding of the output (2^-11, 2^-8 relative, values up to ~4).
+TEST(BatchNormCuda, MatchesCpuFloat64BothLayouts) {
+  if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const CudaCase& k : cuda_cases()) check_cuda_against_cpu(k, kFloat64, 1e-10, 1e-12);
+}
+
+TEST(BatchNormCuda, MatchesCpuReducedPrecisions) {
+  if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const CudaCase& k : cuda_cases()) {
+    check_cuda_against_cpu(k, kFloat32, 1e-4, 1e-5);
+    check_cuda_against_cpu(k, kFloat16, 4e-3, 1e-5);
+    check_cuda_against_cpu(k, kBFloat16, 3e-2, 1e-5);
+  }
+}
+
+// Fixed partition and combination order: two runs give the same bits (several splits per channel).
+TEST(BatchNormCuda, RunToRunBitIdentical) {
+  if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const CudaCase& k : {CudaCase{{512, 64, 16, 16}, true}, CudaCase{{64, 40, 33, 17}, false}})
+    for (DType dt : {kFloat32, kFloat16}) {
+      SCOPED_TRACE(::testing::PrintToString(k.shape) + " " + dtype_name(dt));
+      const int64_t c = k.shape[1];
+      tg::manual_seed(43);
+      Tensor x = tg::randn(k.shape, kCUDA).to(dt), g = tg::randn(k.shape, kCUDA).to(dt);
+      if (k.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast), g = g.contiguous(MemoryFormat::ChannelsLast);
+      Tensor w = tg::randn({c}, kCUDA), b = tg::randn({c}, kCUDA), rm = tg::zeros({c}, kCUDA),
+             rv = tg::ones({c}, kCUDA);
+      BNRun r1 = run_batch_norm(x, g, w, b, rm, rv, true), r2 = run_batch_norm(x, g, w, b, rm, rv, true);
+      auto bits = [](const Tensor& t) { return t.cpu().contiguous().to(kFloat32).to_vector<float>(); };
+      EXPECT_EQ(bits(r1.y), bits(r2.y));
+      EXPECT_EQ(bits(r1.rm), bits(r2.rm));
+      EXPECT_EQ(bits(r1.rv), bits(r2.rv));
+      EXPECT_EQ(bits(r1.gx), bits(r2.gx));
+      EXPECT_EQ(bits(r1.gw), bits(r2.gw));
+      EXPECT_EQ(bits(r1.gb), bits(r2.gb));
+    }
+}
+
+// Captured into a CUDA graph (scratch from the caching allocator, no host sync): replays give
+// the eager bits.
+TEST(BatchNormCuda, GraphReplayMatchesEager) {
+  if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  tg::cuda::Stream side;
+  tg::cuda::StreamGuard guard(side);
+  for (const CudaCase& k : {CudaCase{{128, 64, 8, 8}, true}, CudaCase{{32, 24, 9, 11}, false}}) {
+    SCOPED_TRACE(::testing::PrintToString(k.shape));
+    const int64_t c = k.shape[1];
+    Tensor x = tg::randn(k.shape, kCUDA);
+    if (k.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+    x.requires_grad_(true);
+    Tensor w = tg::randn({c}, kCUDA).requires_grad_(true), b = tg::randn({c}, kCUDA).requires_grad_(true);
+    Tensor rm = tg::zeros({c}, kCUDA), rv = tg::ones({c}, kCUDA);
+    Tensor y;
+    auto step = [&] {
+      x.mutable_grad() = Tensor();
+      w.mutable_grad() = Tensor();
+      b.mutable_grad() = Tensor();
+      rm.fill_(0);
+      rv.fill_(1);
+      y = F::batch_norm(x, rm, rv, w, b, true, 0.1, 1e-5);
+      (y * y).sum().backward();
+    };
+    step();
+    auto bits = [](const Tensor& t) { return t.cpu().contiguous().to_vector<float>(); };
+    const auto ey = bits(y), erm = bits(rm), egx = bits(x.grad()), egw = bits(w.grad());
+    tg::cuda::Graph graph;
+    graph.capture(step);
+    for (int rep = 0; rep < 2; ++rep) {
+      graph.replay();
+      EXPECT_EQ(bits(y), ey) << "rep " << rep;
+      EXPECT_EQ(bits(rm), erm) << "rep " << rep;
+      EXPECT_EQ(bits(x.grad()), egx) << "rep " << rep;
+      EXPECT_EQ(bits(w.grad()), egw) << "rep " << rep;
+    }
+  }
+}
+
 TEST(BatchNormErrors, BadInputsNameTheOpAndShapes) {
   auto message = [](auto&& fn) {
     try {
@@ -292,9 +539,9 @@ TEST(BatchNormErrors, BadInputsNameTheOpAndShapes) {
   EXPECT_NE(m.find("Expected more than 1 value per channel when training"), std::string::npos) << m;
   EXPECT_NE(m.find("[1, 3]"), std::string::npos) << m;
   EXPECT_NO_THROW(F::batch_norm(tg::randn({1, 3}), tg::zeros({3}), tg::ones({3})));  // eval is fine
-  EXPECT_THROW(F::batch_norm(x, tg::zeros({3}), Tensor()), Error);                    // one running stat
-  EXPECT_THROW(F::batch_norm(x, Tensor(), Tensor(), tg::ones({2})), Error);           // weight
-  EXPECT_THROW(F::batch_norm(tg::randn({3}), Tensor(), Tensor()), Error);             // 1-d
+  EXPECT_THROW(F::batch_norm(x, tg::zeros({3}), Tensor()), Error);                   // one running stat
+  EXPECT_THROW(F::batch_norm(x, Tensor(), Tensor(), tg::ones({2})), Error);          // weight
+  EXPECT_THROW(F::batch_norm(tg::randn({3}), Tensor(), Tensor()), Error);            // 1-d
   EXPECT_THROW(F::batch_norm(tg::ones({2, 3}, TensorOptions(kInt64)), Tensor(), Tensor()), Error);
   EXPECT_THROW(F::batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, -1.0), Error);
   m = message([&] { F::group_norm(tg::randn({2, 6, 3}), 4); });
@@ -373,8 +620,8 @@ TEST(BatchNormModules, MomentumNoneIsCumulativeAverage) {
   for (int step = 0; step < 4; ++step) {
     Tensor x = tg::randn({5, 2}, TensorOptions(kFloat64)) * (step + 1);
     bn(x);
-    RefBN ref = ref_batch_norm(host(x), {5, 2, 1}, {}, {}, {0, 0}, {0, 0}, std::vector<double>(10, 0.0), true, 1.0,
-                               1e-5);
+    RefBN ref =
+        ref_batch_norm(host(x), {5, 2, 1}, {}, {}, {0, 0}, {0, 0}, std::vector<double>(10, 0.0), true, 1.0, 1e-5);
     means.push_back(ref.rm);  // momentum 1 from zeros: the batch's own statistics
     vars.push_back(ref.rv);
   }
