@@ -135,7 +135,10 @@ Tensor pad_end(int spatial, const Tensor& x, const ConvProblem& r) {
   const size_t last = s.size() - 1;
   s[last] += r.extra[1];
   if (spatial == 2) s[last - 1] += r.extra[0];
-  Tensor xp = full(s, 0, x.dtype(), x.device());
+  // A channels-last x stays channels-last (the conv then keeps its layout).
+  const bool cl = spatial == 2 && x.dim() == 4 && !x.is_contiguous() && x.is_contiguous(MemoryFormat::ChannelsLast);
+  Tensor xp = cl ? empty_channels_last(s, x.dtype(), x.device()) : empty(s, x.dtype(), x.device());
+  fill_(xp, 0);
   Tensor region = slice(xp, static_cast<int64_t>(last), 0, x.sizes()[last], 1);
   if (spatial == 2) region = slice(region, static_cast<int64_t>(last - 1), 0, x.sizes()[last - 1], 1);
   copy_(region, x);
@@ -175,13 +178,14 @@ std::vector<Tensor> conv_backward(const char* op, int spatial, const Tensor& gra
   TG_CHECK(grad.numel() == r.out4.numel(), op, " backward: grad of shape ", grad.sizes(), " for output of shape ",
            user_out_shape(spatial, r));
   if (asymmetric(r)) {  // as conv(): the gradient of the zero-padded x, cut back to x's extent
-    std::vector<Tensor> out =
-        conv_backward(op, spatial, grad, pad_end(spatial, x, r), weight, symmetric(p, r), need_x, need_weight, need_bias);
+    std::vector<Tensor> out = conv_backward(op, spatial, grad, pad_end(spatial, x, r), weight, symmetric(p, r), need_x,
+                                            need_weight, need_bias);
     if (out[0].defined()) {
       const size_t last = x.sizes().size() - 1;
       Tensor gx = slice(out[0], static_cast<int64_t>(last), 0, x.sizes()[last], 1);
       if (spatial == 2) gx = slice(gx, static_cast<int64_t>(last - 1), 0, x.sizes()[last - 1], 1);
-      out[0] = contiguous(gx);
+      const bool cl = x.dim() == 4 && !x.is_contiguous() && x.is_contiguous(MemoryFormat::ChannelsLast);
+      out[0] = cl ? channels_last(gx) : contiguous(gx);
     }
     return out;
   }
@@ -189,7 +193,9 @@ std::vector<Tensor> conv_backward(const char* op, int spatial, const Tensor& gra
   backend::Backend& be = backend::get(x.device().type());
   const bool keep_cl = wants_channels_last(spatial, r, x);
   const bool cl = keep_cl && be.conv_takes_channels_last();
-  auto alloc = [&](const Shape& s) { return cl ? empty_channels_last(s, x.dtype(), x.device()) : empty(s, x.dtype(), x.device()); };
+  auto alloc = [&](const Shape& s) {
+    return cl ? empty_channels_last(s, x.dtype(), x.device()) : empty(s, x.dtype(), x.device());
+  };
   if (need_x) out[0] = alloc(r.x4);
   if (need_weight) out[1] = alloc(r.w4);
   if (r.out4.numel() == 0) {
@@ -269,8 +275,8 @@ ConvTProblem check_conv_transpose(const char* op, int spatial, const Tensor& x, 
   int64_t o[2];
   for (int d = 0; d < 2; ++d) {
     o[d] = (in[d] - 1) * p.stride[d] - 2 * p.padding[d] + p.dilation[d] * (k[d] - 1) + tp.output_padding[d] + 1;
-    TG_CHECK(o[d] > 0, op, ": input of shape ", xs, " and weight of shape ", ws, " (stride ", p.stride[d],
-             ", padding ", p.padding[d], ", dilation ", p.dilation[d], ", output_padding ", tp.output_padding[d],
+    TG_CHECK(o[d] > 0, op, ": input of shape ", xs, " and weight of shape ", ws, " (stride ", p.stride[d], ", padding ",
+             p.padding[d], ", dilation ", p.dilation[d], ", output_padding ", tp.output_padding[d],
              ") give output size ", o[d], ": output size is too small");
   }
   r.x4 = {n, c, h, wd};

@@ -86,9 +86,9 @@ std::vector<double> randv(size_t n, uint64_t seed) {
 
 void check_convt2d(const Case& k, DType dt, double tol) {
   SCOPED_TRACE(::testing::Message() << "n" << k.n << " c" << k.c << " " << k.h << "x" << k.w << " co" << k.co << " k"
-                                    << k.kh << "x" << k.kw << " s" << k.sh << "," << k.sw << " p" << k.ph << ","
-                                    << k.pw << " op" << k.oph << "," << k.opw << " d" << k.dh << "," << k.dw << " g"
-                                    << k.groups << " " << dtype_name(dt));
+                                    << k.kh << "x" << k.kw << " s" << k.sh << "," << k.sw << " p" << k.ph << "," << k.pw
+                                    << " op" << k.oph << "," << k.opw << " d" << k.dh << "," << k.dw << " g" << k.groups
+                                    << " " << dtype_name(dt));
   const auto xv = randv(static_cast<size_t>(k.n * k.c * k.h * k.w), 1);
   const auto wv = randv(static_cast<size_t>(k.c * (k.co / k.groups) * k.kh * k.kw), 2);
   const auto bv = k.bias ? randv(static_cast<size_t>(k.co), 3) : std::vector<double>{};
@@ -113,15 +113,38 @@ std::vector<Case> cases() {
   v.push_back({.n = 2, .c = 3, .h = 4, .w = 5, .co = 4, .kh = 3, .kw = 3});
   v.push_back({.n = 2, .c = 3, .h = 4, .w = 5, .co = 2, .kh = 3, .kw = 3, .sh = 2, .sw = 2, .ph = 1, .pw = 1});
   // output_padding below the stride, unequal strides
-  v.push_back({.n = 1, .c = 2, .h = 3, .w = 4, .co = 3, .kh = 3, .kw = 2, .sh = 2, .sw = 3, .ph = 1, .pw = 0,
-               .oph = 1, .opw = 2});
+  v.push_back({.n = 1,
+               .c = 2,
+               .h = 3,
+               .w = 4,
+               .co = 3,
+               .kh = 3,
+               .kw = 2,
+               .sh = 2,
+               .sw = 3,
+               .ph = 1,
+               .pw = 0,
+               .oph = 1,
+               .opw = 2});
   // output_padding not below the stride but below the dilation (PyTorch allows it)
-  v.push_back({.n = 2, .c = 2, .h = 4, .w = 3, .co = 2, .kh = 2, .kw = 3, .ph = 1, .oph = 1, .dh = 2, .dw = 2,
-               .bias = false});
+  v.push_back(
+      {.n = 2, .c = 2, .h = 4, .w = 3, .co = 2, .kh = 2, .kw = 3, .ph = 1, .oph = 1, .dh = 2, .dw = 2, .bias = false});
   // groups, and depthwise with a multiplier
   v.push_back({.n = 2, .c = 4, .h = 3, .w = 3, .co = 6, .kh = 3, .kw = 1, .sh = 2, .ph = 1, .oph = 1, .groups = 2});
-  v.push_back({.n = 3, .c = 3, .h = 5, .w = 4, .co = 6, .kh = 3, .kw = 3, .sh = 1, .sw = 2, .ph = 1, .pw = 2,
-               .opw = 1, .dh = 2, .groups = 3});
+  v.push_back({.n = 3,
+               .c = 3,
+               .h = 5,
+               .w = 4,
+               .co = 6,
+               .kh = 3,
+               .kw = 3,
+               .sh = 1,
+               .sw = 2,
+               .ph = 1,
+               .pw = 2,
+               .opw = 1,
+               .dh = 2,
+               .groups = 3});
   // 1x1, and padding that crops most of the output
   v.push_back({.n = 4, .c = 5, .h = 3, .w = 2, .co = 7, .kh = 1, .kw = 1});
   v.push_back({.n = 1, .c = 2, .h = 2, .w = 2, .co = 2, .kh = 4, .kw = 4, .sh = 2, .sw = 2, .ph = 2, .pw = 2});
@@ -139,8 +162,20 @@ TEST(ConvTranspose2d, Float32MatchesScatterLoop) {
 TEST(ConvTranspose2d, BFloat16AndFloat16ComputeInFloat) {
   // Operands rounded once to the narrow type, sums in float, the result rounded once: bfloat16's
   // 8-bit mantissa gives ~0.4% per rounding on values of size ~3 (hence 0.08), float16's 11 bits 0.01.
-  Case k{.n = 2, .c = 4, .h = 4, .w = 4, .co = 4, .kh = 3, .kw = 3, .sh = 2, .sw = 2, .ph = 1, .pw = 1, .oph = 1,
-         .opw = 1, .groups = 2};
+  Case k{.n = 2,
+         .c = 4,
+         .h = 4,
+         .w = 4,
+         .co = 4,
+         .kh = 3,
+         .kw = 3,
+         .sh = 2,
+         .sw = 2,
+         .ph = 1,
+         .pw = 1,
+         .oph = 1,
+         .opw = 1,
+         .groups = 2};
   check_convt2d(k, kBFloat16, 0.08);
   check_convt2d(k, kFloat16, 0.01);
 }
@@ -154,8 +189,8 @@ TEST(ConvTranspose2d, SmallClosedForm) {
   // 1-d, stride 2, kernel [1, 10], bias 0.5: y[2i] = x[i] + 0.5, y[2i + 1] = 10 x[i] + 0.5; output_padding adds
   // one element that only the bias reaches.
   auto y1 = F::conv_transpose1d(tg::tensor(std::vector<double>{1, 2, 3}, {1, 1, 3}),
-                                tg::tensor(std::vector<double>{1, 10}, {1, 1, 2}), tg::tensor(std::vector<double>{0.5}, {1}),
-                                {.stride = 2, .output_padding = 1});
+                                tg::tensor(std::vector<double>{1, 10}, {1, 1, 2}),
+                                tg::tensor(std::vector<double>{0.5}, {1}), {.stride = 2, .output_padding = 1});
   EXPECT_EQ(host(y1), (std::vector<double>{1.5, 10.5, 2.5, 20.5, 3.5, 30.5, 0.5}));
 }
 
@@ -168,9 +203,8 @@ TEST(ConvTranspose2d, IsTheInputGradientOfConv2d) {
   auto g = tg::randn(y.sizes(), kFloat64);
   // conv2d's output is 4 x 3; back to 9 x 8: (4 - 1) * 2 - 2 + 2 * 2 + 1 = 9, (3 - 1) * 3 - 2 + 1 + 1 + 2 = 8
   // with output_padding 2 in W.
-  auto xt = F::conv_transpose2d(g, w, Tensor(),
-                                {.stride = {2, 3}, .padding = {1, 1}, .output_padding = {0, 2}, .groups = 2,
-                                 .dilation = {2, 1}});
+  auto xt = F::conv_transpose2d(
+      g, w, Tensor(), {.stride = {2, 3}, .padding = {1, 1}, .output_padding = {0, 2}, .groups = 2, .dilation = {2, 1}});
   ASSERT_EQ(xt.sizes(), x.sizes());
   EXPECT_NEAR((xt * x).sum().item<double>(), (g * y).sum().item<double>(), 1e-9);
 }
@@ -193,7 +227,8 @@ TEST(ConvTranspose2d, UnbatchedAndConvTranspose1d) {
   auto x1 = tg::tensor(xv, {2, 4, 7}).requires_grad_();
   auto w1 = tg::tensor(wv, {4, 3, 3}).requires_grad_();
   auto b1 = tg::tensor(bv, {6}).requires_grad_();
-  auto y1 = F::conv_transpose1d(x1, w1, b1, {.stride = 3, .padding = 1, .output_padding = 2, .groups = 2, .dilation = 2});
+  auto y1 =
+      F::conv_transpose1d(x1, w1, b1, {.stride = 3, .padding = 1, .output_padding = 2, .groups = 2, .dilation = 2});
   ASSERT_EQ(y1.sizes(), (Shape{2, 6, r.ow}));
   expect_near_vec(host(y1), r.y, 1e-12, 1e-12, "y");
   y1.backward(tg::tensor(gv, y1.sizes()));
@@ -251,32 +286,64 @@ void expect_error(Fn&& fn, const std::vector<std::string>& parts) {
 
 TEST(ConvTranspose2d, BadInputNamesOpAndShapes) {
   auto x = tg::randn({2, 4, 5, 5});
-  expect_error([&] { F::conv_transpose2d(x, tg::randn({3, 2, 3, 3})); },
-               {"conv_transpose2d", "[2, 4, 5, 5]", "[3, 2, 3, 3]"});
-  expect_error([&] { F::conv_transpose2d(x, tg::randn({4, 2, 3, 3}), Tensor(), {.stride = 2, .output_padding = 2}); },
-               {"conv_transpose2d", "output padding must be smaller than either stride or dilation", "output_padding 2"});
-  expect_error([&] { F::conv_transpose2d(x, tg::randn({4, 2, 3, 3}), Tensor(), {.groups = 3}); },
-               {"conv_transpose2d", "groups 3", "in_channels 4"});
-  expect_error([&] { F::conv_transpose2d(x, tg::randn({4, 2, 3, 3}), tg::randn({2}), {.groups = 2}); },
-               {"conv_transpose2d", "bias of shape [2]", "groups 2", "expected [4]"});  // C_out = 2 * groups
+  expect_error(
+      [&] {
+        F::conv_transpose2d(x, tg::randn({3, 2, 3, 3}));
+      },
+      {"conv_transpose2d", "[2, 4, 5, 5]", "[3, 2, 3, 3]"});
+  expect_error(
+      [&] {
+        F::conv_transpose2d(x, tg::randn({4, 2, 3, 3}), Tensor(), {.stride = 2, .output_padding = 2});
+      },
+      {"conv_transpose2d", "output padding must be smaller than either stride or dilation", "output_padding 2"});
+  expect_error(
+      [&] {
+        F::conv_transpose2d(x, tg::randn({4, 2, 3, 3}), Tensor(), {.groups = 3});
+      },
+      {"conv_transpose2d", "groups 3", "in_channels 4"});
+  expect_error(
+      [&] {
+        F::conv_transpose2d(x, tg::randn({4, 2, 3, 3}), tg::randn({2}), {.groups = 2});
+      },
+      {"conv_transpose2d", "bias of shape [2]", "groups 2", "expected [4]"});  // C_out = 2 * groups
 }
 
 TEST(ConvTranspose2d, MoreBadInput) {
   auto x = tg::randn({2, 4, 5, 5});
-  expect_error([&] { F::conv_transpose2d(x, tg::randn({4, 2, 3, 3}), tg::randn({3})); },
-               {"conv_transpose2d", "bias of shape [3]", "expected [2]"});
-  expect_error([&] { F::conv_transpose2d(tg::randn({1, 1, 1, 1}), tg::randn({1, 1, 1, 1}), Tensor(), {.padding = 1}); },
-               {"conv_transpose2d", "output size is too small"});
-  expect_error([&] { F::conv_transpose2d(x, tg::randn({4, 2, 3, 3}, kFloat64)); },
-               {"conv_transpose2d", "float64", "float32"});
-  expect_error([&] { F::conv_transpose2d(tg::randn({5, 5}), tg::randn({4, 2, 3, 3})); }, {"conv_transpose2d", "[5, 5]"});
-  expect_error([&] { F::conv_transpose1d(tg::randn({2, 4, 5}), tg::randn({3, 2, 3})); },
-               {"conv_transpose1d", "[2, 4, 5]", "[3, 2, 3]"});
+  expect_error(
+      [&] {
+        F::conv_transpose2d(x, tg::randn({4, 2, 3, 3}), tg::randn({3}));
+      },
+      {"conv_transpose2d", "bias of shape [3]", "expected [2]"});
+  expect_error(
+      [&] {
+        F::conv_transpose2d(tg::randn({1, 1, 1, 1}), tg::randn({1, 1, 1, 1}), Tensor(), {.padding = 1});
+      },
+      {"conv_transpose2d", "output size is too small"});
+  expect_error(
+      [&] {
+        F::conv_transpose2d(x, tg::randn({4, 2, 3, 3}, kFloat64));
+      },
+      {"conv_transpose2d", "float64", "float32"});
+  expect_error(
+      [&] {
+        F::conv_transpose2d(tg::randn({5, 5}), tg::randn({4, 2, 3, 3}));
+      },
+      {"conv_transpose2d", "[5, 5]"});
+  expect_error(
+      [&] {
+        F::conv_transpose1d(tg::randn({2, 4, 5}), tg::randn({3, 2, 3}));
+      },
+      {"conv_transpose1d", "[2, 4, 5]", "[3, 2, 3]"});
   expect_error([&] { nn::ConvTranspose2d(4, 6, 3, {.groups = 4}); }, {"ConvTranspose2d", "out_channels 6", "groups 4"});
   expect_error([&] { nn::ConvTranspose2d(4, 6, 3, {.stride = 2, .output_padding = 2}); },
                {"ConvTranspose2d", "output padding"});
   nn::ConvTranspose2d m(2, 2, 3, {.stride = 2, .padding = 1});
-  expect_error([&] { m.forward(tg::randn({1, 2, 4, 4}), {9, 9}); }, {"ConvTranspose2d", "valid sizes range from 7 to 8"});
+  expect_error(
+      [&] {
+        m.forward(tg::randn({1, 2, 4, 4}), {9, 9});
+      },
+      {"ConvTranspose2d", "valid sizes range from 7 to 8"});
 }
 
 TEST(ConvTranspose2d, ModuleShapesNamesInitAndOutputSize) {
@@ -299,10 +366,10 @@ TEST(ConvTranspose2d, ModuleShapesNamesInitAndOutputSize) {
   auto x = tg::randn({2, 8, 4, 5});
   auto y = m(x);
   EXPECT_EQ(y.sizes(), (Shape{2, 6, 8, 10}));
-  expect_near_vec(host(y),
-                  host(F::conv_transpose2d(x, m.weight, m.bias,
-                                           {.stride = 2, .padding = 1, .output_padding = 1, .groups = 2})),
-                  0, 0, "module");
+  expect_near_vec(
+      host(y),
+      host(F::conv_transpose2d(x, m.weight, m.bias, {.stride = 2, .padding = 1, .output_padding = 1, .groups = 2})), 0,
+      0, "module");
   nn::ConvTranspose2d m0(8, 6, 3, {.stride = 2, .padding = 1, .groups = 2, .bias = false});
   EXPECT_EQ(m0.state_dict().keys(), std::vector<std::string>{"weight"});
   EXPECT_EQ(m0(x).sizes(), (Shape{2, 6, 7, 9}));
@@ -353,6 +420,11 @@ TEST(ConvTranspose2d, CudaMatchesCpu) {
     if (std::string(e.what()).find("not built yet") != std::string::npos) GTEST_SKIP() << "conv2d has no CUDA path yet";
     throw;
   }
+  // float32 exactly (TF32 is on by default, as torch.backends.cudnn.allow_tf32); restored below.
+  struct Tf32Off {
+    Tf32Off() { tg::backends::cudnn::set_allow_tf32(false); }
+    ~Tf32Off() { tg::backends::cudnn::set_allow_tf32(true); }
+  } tf32_off;
   for (const Case& k : cases()) {
     SCOPED_TRACE(::testing::Message() << "s" << k.sh << "," << k.sw << " op" << k.oph << "," << k.opw << " d" << k.dh
                                       << "," << k.dw << " g" << k.groups);

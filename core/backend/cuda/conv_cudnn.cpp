@@ -55,13 +55,28 @@ std::shared_ptr<fe::graph::Graph> new_graph(DType dt) {
   return g;
 }
 
+// The input extent a convolution with output `out` reads: rows past the last window's reach
+// (a transposed conv's output_padding of a stride or more, which only a dilation allows) are
+// not part of cuDNN's problem, which requires the output size to follow from the input's. The
+// backward passes them over (their input gradient is zero).
+Shape covered_input(const backend::ConvArgs& a, const Shape& out) {
+  Shape x = a.x.sizes();
+  for (int d = 0; d < 2; ++d) {
+    const int64_t span = a.dilation[d] * (a.weight.size(2 + d) - 1) + 1;
+    const int64_t reach = (out[2 + d] - 1) * a.stride[d] + span - a.pad[d];  // one past the last row read
+    if (x[2 + d] >= reach + a.stride[d]) x[2 + d] = reach;  // else the floor-rounded size is `out` already
+  }
+  return x;
+}
+
 // The padding after the input is implied by the output size (ConvArgs): "same" with an even
 // kernel pads one more at the end; a floor-rounded stride needs none beyond what the rows use.
 template <class Attr>
 Attr conv_attrs(const backend::ConvArgs& a, const Shape& out, const char* name) {
+  const Shape x = covered_input(a, out);
   std::vector<int64_t> post(2);
   for (int d = 0; d < 2; ++d) {
-    const int64_t in = a.x.size(2 + d), o = out[2 + d];
+    const int64_t in = x[2 + d], o = out[2 + d];
     const int64_t span = a.dilation[d] * (a.weight.size(2 + d) - 1) + 1;
     post[d] = std::max<int64_t>(0, (o - 1) * a.stride[d] + span - in - a.pad[d]);
   }
@@ -83,20 +98,26 @@ void conv2d(const backend::ConvArgs& a) {
   std::string key = base_key("conv2d", a, use_tf32(dt));
   append(key, bias ? "|bias|y" : "|y", a.out.sizes());
   append(key, "/", a.out.strides());
-  auto built = cudnn::get_graph(dev, key, [&] {
-    auto g = new_graph(dt);
-    auto X = g->tensor(tensor_attrs("x", kX, vec(a.x.sizes()), vec(a.x.strides()), dt));
-    auto W = g->tensor(tensor_attrs("w", kW, vec(a.weight.sizes()), vec(a.weight.strides()), dt));
-    auto Y = g->conv_fprop(X, W, conv_attrs<fe::graph::Conv_fprop_attributes>(a, a.out.sizes(), "conv"));
-    if (bias) {
-      const int64_t co = a.weight.size(0);
-      auto B = g->tensor(tensor_attrs("b", kB, {1, co, 1, 1}, {co, 1, 1, 1}, dt));
-      Y = g->pointwise(Y, B, fe::graph::Pointwise_attributes().set_name("bias").set_mode(fe::PointwiseMode_t::ADD));
-    }
-    Y->set_output(true).set_uid(kY).set_dim(vec(a.out.sizes())).set_stride(vec(a.out.strides())).set_data_type(
-        cudnn::data_type(dt));
-    return g;
-  }, graph_options(dt));
+  auto built = cudnn::get_graph(
+      dev, key,
+      [&] {
+        auto g = new_graph(dt);
+        auto X = g->tensor(tensor_attrs("x", kX, vec(a.x.sizes()), vec(a.x.strides()), dt));
+        auto W = g->tensor(tensor_attrs("w", kW, vec(a.weight.sizes()), vec(a.weight.strides()), dt));
+        auto Y = g->conv_fprop(X, W, conv_attrs<fe::graph::Conv_fprop_attributes>(a, a.out.sizes(), "conv"));
+        if (bias) {
+          const int64_t co = a.weight.size(0);
+          auto B = g->tensor(tensor_attrs("b", kB, {1, co, 1, 1}, {co, 1, 1, 1}, dt));
+          Y = g->pointwise(Y, B, fe::graph::Pointwise_attributes().set_name("bias").set_mode(fe::PointwiseMode_t::ADD));
+        }
+        Y->set_output(true)
+            .set_uid(kY)
+            .set_dim(vec(a.out.sizes()))
+            .set_stride(vec(a.out.strides()))
+            .set_data_type(cudnn::data_type(dt));
+        return g;
+      },
+      graph_options(dt));
   std::unordered_map<int64_t, void*> pack{{kX, a.x.data_ptr()}, {kW, a.weight.data_ptr()}, {kY, a.out.data_ptr()}};
   if (bias) pack[kB] = a.bias.data_ptr();
   cudnn::execute("conv2d", dev, *built, pack);
@@ -109,19 +130,28 @@ void conv2d_backward(const backend::ConvBackwardArgs& b) {
   const DType dt = a.x.dtype();
   const bool tf32 = use_tf32(dt);
   if (b.grad_x.defined()) {
+    const Shape dx_dims = covered_input(a, b.grad_out.sizes());
+    if (dx_dims != b.grad_x.sizes())  // rows no window reaches: zero, the rest written by cuDNN
+      TG_CUDA_CHECK(cudaMemsetAsync(b.grad_x.data_ptr(), 0, b.grad_x.nbytes(), detail::current_stream_handle(dev)));
     std::string key = base_key("conv2d_dgrad", a, tf32);
     append(key, "|dy", b.grad_out.sizes());
     append(key, "/", b.grad_out.strides());
     append(key, "|dx", b.grad_x.strides());
-    auto built = cudnn::get_graph(dev, key, [&] {
-      auto g = new_graph(dt);
-      auto DY = g->tensor(tensor_attrs("dy", kDY, vec(b.grad_out.sizes()), vec(b.grad_out.strides()), dt));
-      auto W = g->tensor(tensor_attrs("w", kW, vec(a.weight.sizes()), vec(a.weight.strides()), dt));
-      auto DX = g->conv_dgrad(DY, W, conv_attrs<fe::graph::Conv_dgrad_attributes>(a, b.grad_out.sizes(), "dgrad"));
-      DX->set_output(true).set_uid(kDX).set_dim(vec(b.grad_x.sizes())).set_stride(vec(b.grad_x.strides()))
-          .set_data_type(cudnn::data_type(dt));
-      return g;
-    }, graph_options(dt));
+    auto built = cudnn::get_graph(
+        dev, key,
+        [&] {
+          auto g = new_graph(dt);
+          auto DY = g->tensor(tensor_attrs("dy", kDY, vec(b.grad_out.sizes()), vec(b.grad_out.strides()), dt));
+          auto W = g->tensor(tensor_attrs("w", kW, vec(a.weight.sizes()), vec(a.weight.strides()), dt));
+          auto DX = g->conv_dgrad(DY, W, conv_attrs<fe::graph::Conv_dgrad_attributes>(a, b.grad_out.sizes(), "dgrad"));
+          DX->set_output(true)
+              .set_uid(kDX)
+              .set_dim(vec(dx_dims))
+              .set_stride(vec(b.grad_x.strides()))
+              .set_data_type(cudnn::data_type(dt));
+          return g;
+        },
+        graph_options(dt));
     std::unordered_map<int64_t, void*> pack{
         {kDY, b.grad_out.data_ptr()}, {kW, a.weight.data_ptr()}, {kDX, b.grad_x.data_ptr()}};
     cudnn::execute("conv2d backward (input)", dev, *built, pack);
@@ -131,15 +161,21 @@ void conv2d_backward(const backend::ConvBackwardArgs& b) {
     append(key, "|dy", b.grad_out.sizes());
     append(key, "/", b.grad_out.strides());
     append(key, "|dw", b.grad_weight.strides());
-    auto built = cudnn::get_graph(dev, key, [&] {
-      auto g = new_graph(dt);
-      auto DY = g->tensor(tensor_attrs("dy", kDY, vec(b.grad_out.sizes()), vec(b.grad_out.strides()), dt));
-      auto X = g->tensor(tensor_attrs("x", kX, vec(a.x.sizes()), vec(a.x.strides()), dt));
-      auto DW = g->conv_wgrad(DY, X, conv_attrs<fe::graph::Conv_wgrad_attributes>(a, b.grad_out.sizes(), "wgrad"));
-      DW->set_output(true).set_uid(kDW).set_dim(vec(b.grad_weight.sizes())).set_stride(vec(b.grad_weight.strides()))
-          .set_data_type(cudnn::data_type(dt));
-      return g;
-    }, graph_options(dt));
+    auto built = cudnn::get_graph(
+        dev, key,
+        [&] {
+          auto g = new_graph(dt);
+          auto DY = g->tensor(tensor_attrs("dy", kDY, vec(b.grad_out.sizes()), vec(b.grad_out.strides()), dt));
+          auto X = g->tensor(tensor_attrs("x", kX, vec(covered_input(a, b.grad_out.sizes())), vec(a.x.strides()), dt));
+          auto DW = g->conv_wgrad(DY, X, conv_attrs<fe::graph::Conv_wgrad_attributes>(a, b.grad_out.sizes(), "wgrad"));
+          DW->set_output(true)
+              .set_uid(kDW)
+              .set_dim(vec(b.grad_weight.sizes()))
+              .set_stride(vec(b.grad_weight.strides()))
+              .set_data_type(cudnn::data_type(dt));
+          return g;
+        },
+        graph_options(dt));
     std::unordered_map<int64_t, void*> pack{
         {kDY, b.grad_out.data_ptr()}, {kX, a.x.data_ptr()}, {kDW, b.grad_weight.data_ptr()}};
     cudnn::execute("conv2d backward (weight)", dev, *built, pack);
@@ -152,8 +188,9 @@ void conv2d_backward(const backend::ConvBackwardArgs& b) {
 
 namespace tg::cuda::kern {
 void conv2d(const backend::ConvArgs&) {
-  TG_ERROR("conv2d: tapegrad was built without cuDNN (or without cudnn-frontend's headers), so CUDA "
-           "convolution is unavailable; see the README's build notes");
+  TG_ERROR(
+      "conv2d: tapegrad was built without cuDNN (or without cudnn-frontend's headers), so CUDA "
+      "convolution is unavailable; see the README's build notes");
 }
 void conv2d_backward(const backend::ConvBackwardArgs&) {
   TG_ERROR("conv2d backward: tapegrad was built without cuDNN (or without cudnn-frontend's headers)");

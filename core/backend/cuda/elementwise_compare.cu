@@ -10,24 +10,24 @@ bool elementwise_compare(ElemOp op, const ElementwiseIter& it) {
   // The inputs' dtype decides; the output is bool.
   DType dt = it.noperands > 1 ? it.dtypes[1] : it.dtypes[0];
   switch (op) {
-#define TG_CMP_SCALAR(OP, SET, F)                           \
-  case ElemOp::OP:                                          \
-    dispatch<SET>(dt, name, [&](auto tag) {                 \
-      using S = typename decltype(tag)::type;               \
-      using T = opmath_t<S>;                                \
-      launch<bool, S>(it, F<T>{param<T>(it, 0)});           \
-    });                                                     \
+#define TG_CMP_SCALAR(OP, SET, F)                 \
+  case ElemOp::OP:                                \
+    dispatch<SET>(dt, name, [&](auto tag) {       \
+      using S = typename decltype(tag)::type;     \
+      using T = opmath_t<S>;                      \
+      launch<bool, S>(it, F<T>{param<T>(it, 0)}); \
+    });                                           \
     return true;
-#define TG_CMP(OP, SET, F)                                  \
-  case ElemOp::OP:                                          \
-    dispatch<SET>(dt, name, [&](auto tag) {                 \
-      using S = typename decltype(tag)::type;               \
-      using T = opmath_t<S>;                                \
-      launch<bool, S, S>(it, F<T>{});                       \
-    });                                                     \
+#define TG_CMP(OP, SET, F)                    \
+  case ElemOp::OP:                            \
+    dispatch<SET>(dt, name, [&](auto tag) {   \
+      using S = typename decltype(tag)::type; \
+      using T = opmath_t<S>;                  \
+      launch<bool, S, S>(it, F<T>{});         \
+    });                                       \
     return true;
-    TG_CMP_SCALAR(EqScalar, kFloats | kInts, EqScalarF)
-    TG_CMP_SCALAR(NeScalar, kFloats | kInts, NeScalarF)
+    TG_CMP_SCALAR(EqScalar, kFloats | kInts | kBoolSet, EqScalarF)
+    TG_CMP_SCALAR(NeScalar, kFloats | kInts | kBoolSet, NeScalarF)
     TG_CMP_SCALAR(LtScalar, kFloats | kInts, LtScalarF)
     TG_CMP_SCALAR(LeScalar, kFloats | kInts, LeScalarF)
     TG_CMP_SCALAR(GtScalar, kFloats | kInts, GtScalarF)
