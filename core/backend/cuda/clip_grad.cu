@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <map>
 #include <type_traits>
 #include <utility>
@@ -244,10 +243,7 @@ void total_norm(const std::vector<Tensor>& tensors, double norm_type, const Tens
                 double max_norm) {
   const int device = device_of(total);
   cudaStream_t stream = detail::current_stream_handle(device);
-  static const int waves = std::getenv("TG_NORM_WAVES") ? std::atoi(std::getenv("TG_NORM_WAVES")) : 1;  // EXPERIMENT
-  std::vector<int64_t> numels;
-  for (const Tensor& t : tensors) numels.push_back(t.numel());
-  const int64_t per_block = mt::flat_per_block(numels, int64_t{kBlocksPerSm} * sm_count(device) * waves);
+  const int64_t per_block = per_block_for(tensors, device);
   std::vector<std::pair<DType, mt::FlatPlan>> plans;
   int blocks = 0;
   for (const auto& [dtype, list] : by_dtype(tensors)) {
