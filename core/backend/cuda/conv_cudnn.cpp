@@ -102,7 +102,7 @@ void conv2d(const backend::ConvArgs& a) {
       dev, key,
       [&] {
         auto g = new_graph(dt);
-        auto X = g->tensor(tensor_attrs("x", kX, vec(a.x.sizes()), vec(a.x.strides()), dt));
+        auto X = g->tensor(tensor_attrs("x", kX, vec(covered_input(a, a.out.sizes())), vec(a.x.strides()), dt));
         auto W = g->tensor(tensor_attrs("w", kW, vec(a.weight.sizes()), vec(a.weight.strides()), dt));
         auto Y = g->conv_fprop(X, W, conv_attrs<fe::graph::Conv_fprop_attributes>(a, a.out.sizes(), "conv"));
         if (bias) {
