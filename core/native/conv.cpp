@@ -108,8 +108,11 @@ Tensor empty_channels_last(const Shape& s, DType dtype, Device device) {
 // Channels-last convolution: a batched 2-d input laid out NHWC (and not also row-major, as
 // [N, 1, 1, 1] or [N, C, 1, 1] images are) keeps that layout: the backend gets NHWC operands
 // where it takes them, else the row-major result is converted back.
+bool nhwc(const Tensor& x) {
+  return x.dim() == 4 && !x.is_contiguous() && x.is_contiguous(MemoryFormat::ChannelsLast);
+}
 bool wants_channels_last(int spatial, const ConvProblem& r, const Tensor& x) {
-  return spatial == 2 && r.batched && !x.is_contiguous() && x.is_contiguous(MemoryFormat::ChannelsLast);
+  return spatial == 2 && r.batched && nhwc(x);
 }
 
 backend::ConvArgs conv_args(const ConvProblem& r, const ConvParams& p, const Tensor& x, const Tensor& w, bool cl) {
@@ -136,7 +139,7 @@ Tensor pad_end(int spatial, const Tensor& x, const ConvProblem& r) {
   s[last] += r.extra[1];
   if (spatial == 2) s[last - 1] += r.extra[0];
   // A channels-last x stays channels-last (the conv then keeps its layout).
-  const bool cl = spatial == 2 && x.dim() == 4 && !x.is_contiguous() && x.is_contiguous(MemoryFormat::ChannelsLast);
+  const bool cl = spatial == 2 && nhwc(x);
   Tensor xp = cl ? empty_channels_last(s, x.dtype(), x.device()) : empty(s, x.dtype(), x.device());
   fill_(xp, 0);
   Tensor region = slice(xp, static_cast<int64_t>(last), 0, x.sizes()[last], 1);
@@ -184,8 +187,7 @@ std::vector<Tensor> conv_backward(const char* op, int spatial, const Tensor& gra
       const size_t last = x.sizes().size() - 1;
       Tensor gx = slice(out[0], static_cast<int64_t>(last), 0, x.sizes()[last], 1);
       if (spatial == 2) gx = slice(gx, static_cast<int64_t>(last - 1), 0, x.sizes()[last - 1], 1);
-      const bool cl = x.dim() == 4 && !x.is_contiguous() && x.is_contiguous(MemoryFormat::ChannelsLast);
-      out[0] = cl ? channels_last(gx) : contiguous(gx);
+      out[0] = nhwc(x) ? channels_last(gx) : contiguous(gx);
     }
     return out;
   }
