@@ -260,14 +260,19 @@ struct BatchNormStats {
   Tensor mean, var;  // var: biased
 };
 BatchNormStats batch_norm_stats(const Tensor& x);
-// (x - mean[c]) * scale[c] + shift[c] (shift may be undefined), in x's layout, x's dtype.
-Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& scale, const Tensor& shift);
-// {sum dy, sum dy * (x - mean) * invstd} per channel.
+// (x - mean[c]) * scale[c] + shift[c] (shift may be undefined), in x's layout, x's dtype; relu:
+// max(that, 0) in the same pass (batch_norm + ReLU fused; NaN stays NaN).
+Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& scale, const Tensor& shift,
+                        bool relu = false);
+// {sum dy, sum dy * (x - mean) * invstd} per channel. relu_out: the fused ReLU's output (x's
+// shape) or undefined; when defined, dy counts only where relu_out > 0 (ReLU's backward, fused).
 std::pair<Tensor, Tensor> batch_norm_reduce(const Tensor& dy, const Tensor& x, const Tensor& mean,
-                                            const Tensor& invstd);
-// (dy - mean_dy[c] - (x - mean[c]) * invstd[c] * mean_dy_xhat[c]) * scale[c], in x's layout, x's dtype.
+                                            const Tensor& invstd, const Tensor& relu_out = Tensor());
+// (dy - mean_dy[c] - (x - mean[c]) * invstd[c] * mean_dy_xhat[c]) * scale[c], in x's layout, x's dtype;
+// dy masked by relu_out > 0 as in batch_norm_reduce.
 Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& invstd,
-                                 const Tensor& scale, const Tensor& mean_dy, const Tensor& mean_dy_xhat);
+                                 const Tensor& scale, const Tensor& mean_dy, const Tensor& mean_dy_xhat,
+                                 const Tensor& relu_out = Tensor());
 // t (x's shape) in the layout and dtype the kernels above use for x (t itself when it already is):
 // a caller passing one operand to several of them converts it once.
 Tensor batch_norm_operand(const Tensor& t, const Tensor& x);

@@ -5,7 +5,8 @@
 // pool to 1x1, so any input of 32x32 or more works (CIFAR size included). Initialisation as
 // torchvision's: convs kaiming_normal_(mode "fan_out", "relu"), batch norms weight 1 / bias 0,
 // fc as nn.Linear. Header-only so that the example stays a program a user can copy; the tests
-// (tests/nn/resnet_test.cpp) include it.
+// (tests/nn/resnet_test.cpp) include it. Each "bn then relu" is one nn::BatchNormReLU2d (batch
+// norm and ReLU fused in its kernels; a BatchNorm2d's parameters, buffers and names).
 #pragma once
 #include <tapegrad/tapegrad.h>
 
@@ -26,7 +27,7 @@ class BasicBlock : public tg::nn::Module {
     conv1 = register_module(
         "conv1", std::make_shared<Conv2d>(inplanes, planes, 3,
                                           tg::nn::Conv2dOptions{.stride = stride, .padding = 1, .bias = false}));
-    bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(planes));
+    bn1 = register_module("bn1", std::make_shared<tg::nn::BatchNormReLU2d>(planes));  // bn1, then relu: fused
     conv2 = register_module(
         "conv2", std::make_shared<Conv2d>(planes, planes, 3, tg::nn::Conv2dOptions{.padding = 1, .bias = false}));
     bn2 = register_module("bn2", std::make_shared<BatchNorm2d>(planes));
@@ -38,7 +39,7 @@ class BasicBlock : public tg::nn::Module {
     }
   }
   tg::Tensor forward(const tg::Tensor& x) override {
-    tg::Tensor out = tg::relu((*bn1)((*conv1)(x)));
+    tg::Tensor out = (*bn1)((*conv1)(x));  // relu(bn1(conv1(x)))
     out = (*bn2)((*conv2)(out));
     return tg::relu(out + (downsample ? (*downsample)(x) : x));
   }
@@ -56,7 +57,7 @@ class ResNet18 : public tg::nn::Module {
     TG_CHECK(num_classes > 0, "resnet::ResNet18: num_classes must be > 0, got ", num_classes);
     conv1 = register_module("conv1", std::make_shared<tg::nn::Conv2d>(
                                          3, 64, 7, tg::nn::Conv2dOptions{.stride = 2, .padding = 3, .bias = false}));
-    bn1 = register_module("bn1", std::make_shared<tg::nn::BatchNorm2d>(64));
+    bn1 = register_module("bn1", std::make_shared<tg::nn::BatchNormReLU2d>(64));  // bn1, then relu: fused
     maxpool = register_module("maxpool", std::make_shared<tg::nn::MaxPool2d>(3, 2, 1));
     int64_t inplanes = 64;
     const std::array<int64_t, 4> planes{64, 128, 256, 512};
@@ -79,7 +80,7 @@ class ResNet18 : public tg::nn::Module {
   // x [N, 3, H, W] -> logits [N, num_classes].
   tg::Tensor forward(const tg::Tensor& x) override {
     TG_CHECK(x.dim() == 4 && x.size(1) == 3, "resnet::ResNet18: expected input [N, 3, H, W], got ", x.sizes());
-    tg::Tensor h = (*maxpool)(tg::relu((*bn1)((*conv1)(x))));
+    tg::Tensor h = (*maxpool)((*bn1)((*conv1)(x)));  // maxpool(relu(bn1(conv1(x))))
     for (auto& layer : layers) h = (*layer)(h);
     h = (*avgpool)(h);
     return (*fc)(h.reshape({h.size(0), -1}));

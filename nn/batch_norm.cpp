@@ -82,9 +82,11 @@ std::vector<Tensor> batch_norm_backward_recorded(const Tensor& g, const Tensor& 
 
 // Training mode on a non-empty x: the fused kernels (native::batch_norm_*), batch statistics,
 // the running-stat update, and a node whose backward is one per-channel reduction and one
-// elementwise pass. Per-channel vectors in the accumulation dtype.
+// elementwise pass. Per-channel vectors in the accumulation dtype. relu: relu(batch_norm(x)) in
+// the same passes (the forward clamps as it writes; backward masks dy by the saved output > 0,
+// ReLU's own rule, which that output's next consumer keeps alive anyway).
 Tensor batch_norm_train(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                        const Tensor& bias, double momentum, double eps) {
+                        const Tensor& bias, double momentum, double eps, bool relu) {
   const DType dt = compute_dtype(x.dtype());
   const double count = static_cast<double>(x.numel() / x.sizes()[1]);
   Tensor mean, invstd, scale, shift;
@@ -101,29 +103,36 @@ Tensor batch_norm_train(const Tensor& x, const Tensor& running_mean, const Tenso
     scale = weight.defined() ? invstd * weight.detach().to(dt) : invstd;
     if (bias.defined()) shift = bias.detach().to(dt);
   }
-  Tensor y = native::batch_norm_elemt(x, mean, scale, shift);
+  Tensor y = native::batch_norm_elemt(x, mean, scale, shift, relu);
   if (!autograd::should_record(x, weight, bias)) return y;
-  const char* op = "batch_norm";
+  const char* op = relu ? "batch_norm_relu" : "batch_norm";
   autograd::SavedTensor sx(x, op);  // x itself (its history: the create_graph branch differentiates through it)
+  autograd::SavedTensor sy = relu ? autograd::SavedTensor(y, op, autograd::Saved::kOutput) : autograd::SavedTensor();
   const DType wdt = weight.defined() ? weight.dtype() : dt, bdt = bias.defined() ? bias.dtype() : dt;
   autograd::SavedTensor sw = weight.defined() ? autograd::SavedTensor(weight, op) : autograd::SavedTensor();
   const bool has_w = weight.defined();
   return autograd::record(
       op, {x, weight, bias}, std::move(y),
-      [sx, sw, has_w, mean, invstd, scale, count, eps, wdt, bdt](
+      [sx, sw, sy, relu, has_w, mean, invstd, scale, count, eps, wdt, bdt](
           const Tensor& g, const autograd::FunctionNode& n) -> std::vector<Tensor> {
-        if (autograd::creating_graph())
-          return batch_norm_backward_recorded(g, sx.unpack(), has_w ? sw.unpack() : Tensor(), eps, wdt, bdt,
+        if (autograd::creating_graph()) {
+          const Tensor gz = relu ? autograd::bw::elementwise_backward("relu_backward", backend::ElemOp::ReluBackward, g,
+                                                                      sy.unpack())
+                                 : g;
+          return batch_norm_backward_recorded(gz, sx.unpack(), has_w ? sw.unpack() : Tensor(), eps, wdt, bdt,
                                               n.needs_input_grad(0), n.needs_input_grad(1), n.needs_input_grad(2));
+        }
         NoGradGuard no_grad;
-        // x and g in the kernels' layout once (x's: channels-last stays so), for both passes.
+        // x, g (and the ReLU's output) in the kernels' layout once (x's: channels-last stays so),
+        // for both passes.
         const Tensor x0 = sx.unpack();
         const Tensor xv = native::batch_norm_operand(x0, x0), gv = native::batch_norm_operand(g, x0);
-        auto [sum_dy, sum_dy_xhat] = native::batch_norm_reduce(gv, xv, mean, invstd);
+        const Tensor rv = relu ? native::batch_norm_operand(sy.unpack(), x0) : Tensor();
+        auto [sum_dy, sum_dy_xhat] = native::batch_norm_reduce(gv, xv, mean, invstd, rv);
         std::vector<Tensor> out(3);
         if (n.needs_input_grad(0))
           out[0] = native::batch_norm_backward_elemt(gv, xv, mean, invstd, scale, sum_dy * (1 / count),
-                                                     sum_dy_xhat * (1 / count));
+                                                     sum_dy_xhat * (1 / count), rv);
         if (n.needs_input_grad(1)) out[1] = sum_dy_xhat.to(wdt);
         if (n.needs_input_grad(2)) out[2] = sum_dy.to(bdt);
         return out;
@@ -139,13 +148,11 @@ std::vector<Tensor> traced_operands(const Tensor& x, const Tensor& weight, const
   if (bias.defined()) ins.push_back(bias);
   return ins;
 }
-}  // namespace
 
-namespace functional {
-
-Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                  const Tensor& bias, bool training, double momentum, double eps) {
-  const char* op = "batch_norm";
+// batch_norm, then ReLU when relu (fused in training mode unless a tracer records the two ops).
+Tensor batch_norm_impl(const char* op, const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps,
+                       bool relu) {
   check_input(op, x, eps);
   const int64_t c = x.sizes()[1];
   const int64_t per_channel_count = c == 0 ? 0 : x.numel() / c;  // N * prod(spatial)
@@ -170,17 +177,34 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
     Tensor shift = running_mean.to(dt) * scale;
     shift = bias.defined() ? bias.to(dt) - shift : -shift;
     Tensor y = xc * per_channel(scale, x, dt) + per_channel(shift, x, dt);  // x's layout when channels-last
-    return dense(y.to(x.dtype()));
+    y = dense(y.to(x.dtype()));
+    return relu ? tg::relu(y) : y;
   }
+  // A tracer sees batch_norm and relu as the two ops they are: unfused while one records.
+  const bool fuse = relu && x.numel() > 0 && detail::tls_tracer == nullptr;
   Tensor out;
   {
     // Traced as one batch_norm node (batch statistics); the running-stat update is not part of it.
     detail::TracerGuard inner(nullptr);
     out = x.numel() == 0 ? affine_out(x.to(dt), x, weight, bias)  // nothing to normalize
-                         : batch_norm_train(x, running_mean, running_var, weight, bias, momentum, eps);
+                         : batch_norm_train(x, running_mean, running_var, weight, bias, momentum, eps, fuse);
   }
+  if (fuse) return out;
   TG_TRACE(BatchNorm, out, traced_operands(x, weight, bias), {{"eps", eps}});
-  return out;
+  return relu ? tg::relu(out) : out;
+}
+}  // namespace
+
+namespace functional {
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum, double eps) {
+  return batch_norm_impl("batch_norm", x, running_mean, running_var, weight, bias, training, momentum, eps, false);
+}
+
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                       const Tensor& bias, bool training, double momentum, double eps) {
+  return batch_norm_impl("batch_norm_relu", x, running_mean, running_var, weight, bias, training, momentum, eps, true);
 }
 
 Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps) {
@@ -246,7 +270,11 @@ void BatchNormBase::reset_parameters() {
   if (bias.defined()) init::zeros_(bias);
 }
 
-Tensor BatchNormBase::forward(const Tensor& x) {
+Tensor BatchNormBase::forward(const Tensor& x) { return normalize(x, false); }
+
+Tensor BatchNormReLU2d::forward(const Tensor& x) { return normalize(x, true); }
+
+Tensor BatchNormBase::normalize(const Tensor& x, bool relu) {
   check_input_dim(x);
   double factor = options.momentum.value_or(0.0);
   if (is_training() && options.track_running_stats) {
@@ -256,8 +284,9 @@ Tensor BatchNormBase::forward(const Tensor& x) {
   }
   const bool bn_training = is_training() || !running_mean.defined();
   const bool pass_stats = !is_training() || options.track_running_stats;
-  return functional::batch_norm(x, pass_stats ? running_mean : Tensor(), pass_stats ? running_var : Tensor(), weight,
-                                bias, bn_training, factor, options.eps);
+  return (relu ? functional::batch_norm_relu : functional::batch_norm)(
+      x, pass_stats ? running_mean : Tensor(), pass_stats ? running_var : Tensor(), weight, bias, bn_training, factor,
+      options.eps);
 }
 
 void BatchNorm1d::check_input_dim(const Tensor& x) const {

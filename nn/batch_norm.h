@@ -21,6 +21,13 @@ namespace functional {
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight = Tensor(), const Tensor& bias = Tensor(), bool training = false,
                   double momentum = 0.1, double eps = 1e-5);
+// relu(batch_norm(x, ...)) with batch_norm's arguments and defaults. In training mode the two are
+// one pass each way (the normalization's elementwise pass clamps at 0; backward masks the
+// gradient by the output > 0 inside batch_norm's own passes): what cuDNN's BN + ReLU graphs fuse,
+// in batch_norm's kernels. Same values and gradients as the two ops; a tracer records both.
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight = Tensor(), const Tensor& bias = Tensor(), bool training = false,
+                       double momentum = 0.1, double eps = 1e-5);
 // torch.nn.functional.group_norm on x [N, C, *]: the C channels in `groups` groups of
 // consecutive channels, each (sample, group) normalized (biased variance), then * weight + bias
 // per channel (each undefined or [C]). float16 / bfloat16 computed in float32.
@@ -56,6 +63,8 @@ class BatchNormBase : public Module {
 
  protected:
   virtual void check_input_dim(const Tensor& x) const = 0;
+  // forward's batch_norm, followed by ReLU when relu (functional::batch_norm_relu).
+  Tensor normalize(const Tensor& x, bool relu);
 };
 
 // Input [N, C] or [N, C, L].
@@ -78,6 +87,16 @@ class BatchNorm2d : public BatchNormBase {
 
  protected:
   void check_input_dim(const Tensor& x) const override;
+};
+
+// BatchNorm2d followed by ReLU as one module (torch.ao.nn.intrinsic.BNReLU2d): the same
+// parameters, buffers and state_dict names as BatchNorm2d (so a model swaps `bn` for it and loads
+// the same checkpoints); forward is functional::batch_norm_relu.
+class BatchNormReLU2d : public BatchNorm2d {
+ public:
+  using BatchNorm2d::BatchNorm2d;
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "BatchNormReLU2d"; }
 };
 
 struct GroupNormOptions {

@@ -344,17 +344,20 @@ class Backend {
   // mean and biased var of each channel (two passes: exact for a large mean).
   virtual void batch_norm_stats(const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
                                 const Tensor& var);
-  // y = (x - mean[ch]) * scale[ch] + shift[ch] (shift may be undefined).
+  // y = (x - mean[ch]) * scale[ch] + shift[ch] (shift may be undefined); relu: then max(y, 0)
+  // (NaN stays NaN), batch_norm + ReLU fused.
   virtual void batch_norm_elemt(const Tensor& y, const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
-                                const Tensor& scale, const Tensor& shift);
-  // sum_dy[ch] = sum dy, sum_dy_xhat[ch] = sum dy * (x - mean[ch]) * invstd[ch].
+                                const Tensor& scale, const Tensor& shift, bool relu);
+  // sum_dy[ch] = sum dy, sum_dy_xhat[ch] = sum dy * (x - mean[ch]) * invstd[ch]. relu_out (the
+  // fused ReLU's output, or undefined): dy counts only where relu_out > 0, ReLU's backward.
   virtual void batch_norm_reduce(const Tensor& dy, const Tensor& x, int64_t n, int64_t c, int64_t s,
                                  const Tensor& mean, const Tensor& invstd, const Tensor& sum_dy,
-                                 const Tensor& sum_dy_xhat);
-  // dx = (dy - mean_dy[ch] - (x - mean[ch]) * invstd[ch] * mean_dy_xhat[ch]) * scale[ch].
+                                 const Tensor& sum_dy_xhat, const Tensor& relu_out);
+  // dx = (dy - mean_dy[ch] - (x - mean[ch]) * invstd[ch] * mean_dy_xhat[ch]) * scale[ch], dy masked
+  // by relu_out > 0 as in batch_norm_reduce.
   virtual void batch_norm_backward_elemt(const Tensor& dx, const Tensor& dy, const Tensor& x, int64_t n, int64_t c,
                                          int64_t s, const Tensor& mean, const Tensor& invstd, const Tensor& scale,
-                                         const Tensor& mean_dy, const Tensor& mean_dy_xhat);
+                                         const Tensor& mean_dy, const Tensor& mean_dy_xhat, const Tensor& relu_out);
 
   // ---- issue 17: convolution (core/native/conv.cpp; the defaults throw)
   virtual void conv2d(const struct ConvArgs& a);

@@ -10,15 +10,16 @@ void Backend::batch_norm_stats(const Tensor& x, int64_t, int64_t, int64_t, const
   TG_ERROR("batch_norm: no kernel on ", x.device());
 }
 void Backend::batch_norm_elemt(const Tensor&, const Tensor& x, int64_t, int64_t, int64_t, const Tensor&, const Tensor&,
-                               const Tensor&) {
+                               const Tensor&, bool) {
   TG_ERROR("batch_norm: no kernel on ", x.device());
 }
 void Backend::batch_norm_reduce(const Tensor&, const Tensor& x, int64_t, int64_t, int64_t, const Tensor&, const Tensor&,
-                                const Tensor&, const Tensor&) {
+                                const Tensor&, const Tensor&, const Tensor&) {
   TG_ERROR("batch_norm backward: no kernel on ", x.device());
 }
 void Backend::batch_norm_backward_elemt(const Tensor&, const Tensor&, const Tensor& x, int64_t, int64_t, int64_t,
-                                        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+                                        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                        const Tensor&) {
   TG_ERROR("batch_norm backward: no kernel on ", x.device());
 }
 }  // namespace backend
@@ -67,35 +68,47 @@ BatchNormStats batch_norm_stats(const Tensor& x) {
   return r;
 }
 
-Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& scale, const Tensor& shift) {
+Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& scale, const Tensor& shift, bool relu) {
   const Geometry g = geometry("batch_norm", x);
   Tensor y = empty_like_layout(x, g);
   backend::get(x.device().type())
-      .batch_norm_elemt(y, in_layout(x, x, g), g.n, g.c, g.s, vec(mean, x), vec(scale, x), vec(shift, x));
+      .batch_norm_elemt(y, in_layout(x, x, g), g.n, g.c, g.s, vec(mean, x), vec(scale, x), vec(shift, x), relu);
   return y;
 }
 
+namespace {
+// The fused ReLU's output in the kernels' layout (undefined: no ReLU).
+Tensor relu_operand(const Tensor& relu_out, const Tensor& x, const Geometry& g) {
+  if (!relu_out.defined()) return relu_out;
+  TG_CHECK(relu_out.sizes() == x.sizes(), "batch_norm backward: relu output of shape ", relu_out.sizes(),
+           " for input of shape ", x.sizes());
+  return in_layout(relu_out, x, g);
+}
+}  // namespace
+
 std::pair<Tensor, Tensor> batch_norm_reduce(const Tensor& dy, const Tensor& x, const Tensor& mean,
-                                            const Tensor& invstd) {
+                                            const Tensor& invstd, const Tensor& relu_out) {
   const Geometry g = geometry("batch_norm backward", x);
   TG_CHECK(dy.sizes() == x.sizes(), "batch_norm backward: grad of shape ", dy.sizes(), " for input of shape ",
            x.sizes());
   Tensor sum_dy = empty({g.c}, acc_dtype(x), x.device()), sum_dy_xhat = empty({g.c}, acc_dtype(x), x.device());
   backend::get(x.device().type())
       .batch_norm_reduce(in_layout(dy, x, g), in_layout(x, x, g), g.n, g.c, g.s, vec(mean, x), vec(invstd, x), sum_dy,
-                         sum_dy_xhat);
+                         sum_dy_xhat, relu_operand(relu_out, x, g));
   return {sum_dy, sum_dy_xhat};
 }
 
 Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& invstd,
-                                 const Tensor& scale, const Tensor& mean_dy, const Tensor& mean_dy_xhat) {
+                                 const Tensor& scale, const Tensor& mean_dy, const Tensor& mean_dy_xhat,
+                                 const Tensor& relu_out) {
   const Geometry g = geometry("batch_norm backward", x);
   TG_CHECK(dy.sizes() == x.sizes(), "batch_norm backward: grad of shape ", dy.sizes(), " for input of shape ",
            x.sizes());
   Tensor dx = empty_like_layout(x, g);
   backend::get(x.device().type())
       .batch_norm_backward_elemt(dx, in_layout(dy, x, g), in_layout(x, x, g), g.n, g.c, g.s, vec(mean, x),
-                                 vec(invstd, x), vec(scale, x), vec(mean_dy, x), vec(mean_dy_xhat, x));
+                                 vec(invstd, x), vec(scale, x), vec(mean_dy, x), vec(mean_dy_xhat, x),
+                                 relu_operand(relu_out, x, g));
   return dx;
 }
 

@@ -1,5 +1,6 @@
 // batch_norm / group_norm and BatchNorm1d / BatchNorm2d / GroupNorm (issue 17), on the CPU and on
 // CUDA when present, against float64 references computed here on the host.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -287,14 +288,21 @@ struct BNRun {
 
 // batch_norm forward + backward of x (any layout) with upstream g, fresh copies of the parameters
 // and running stats.
+// relu: then ReLU, fused (batch_norm_relu) or as the separate op.
+enum class Relu { None, Fused, Separate };
 BNRun run_batch_norm(const Tensor& x_in, const Tensor& g, const Tensor& w, const Tensor& b, const Tensor& rm,
-                     const Tensor& rv, bool training) {
+                     const Tensor& rv, bool training, Relu relu = Relu::None) {
   BNRun r;
   Tensor x = x_in.detach().requires_grad_(true);
   Tensor wc = w.clone().requires_grad_(true), bc = b.clone().requires_grad_(true);
   r.rm = rm.clone();
   r.rv = rv.clone();
-  r.y = F::batch_norm(x, r.rm, r.rv, wc, bc, training, 0.3, 1e-5);
+  if (relu == Relu::Fused)
+    r.y = F::batch_norm_relu(x, r.rm, r.rv, wc, bc, training, 0.3, 1e-5);
+  else if (relu == Relu::Separate)
+    r.y = tg::relu(F::batch_norm(x, r.rm, r.rv, wc, bc, training, 0.3, 1e-5));
+  else
+    r.y = F::batch_norm(x, r.rm, r.rv, wc, bc, training, 0.3, 1e-5);
   // autograd::grad: the gradients as the node returns them (a leaf's .grad() is made row-major).
   std::vector<Tensor> gs = tg::autograd::grad({r.y}, {x, wc, bc}, {g});
   r.gx = gs[0];
@@ -394,6 +402,105 @@ TEST_P(BN, GradcheckChannelsLast) {
         {x, w, b});
     EXPECT_TRUE(rep.ok) << (training ? "train: " : "eval: ") << rep;
   }
+}
+
+// ---- batch_norm + ReLU fused (batch_norm_relu, BatchNormReLU2d)
+
+// The fused op gives the same bits as batch_norm then relu (the clamp commutes with the rounding
+// to the output dtype; backward masks the same values before the same sums), in every dtype and
+// layout, training and eval; in float64 both match the host reference with the gradient masked
+// by y > 0.
+TEST_P(BN, ReluFusedEqualsBatchNormThenRelu) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  const Device d = to_device(GetParam());
+  const std::vector<DType> dtypes = GetParam() == Dev::CUDA
+                                        ? std::vector<DType>{kFloat64, kFloat32, kFloat16, kBFloat16}
+                                        : std::vector<DType>{kFloat64, kFloat32, kBFloat16};
+  for (const Shape& shape : {Shape{6, 8, 5, 3}, Shape{16, 32, 4, 4}, Shape{5, 3}})
+    for (bool channels_last : {false, true}) {
+      if (channels_last && shape.size() != 4) continue;
+      for (DType dt : dtypes) {
+        const int64_t c = shape[1];
+        tg::manual_seed(61);
+        Tensor x = (tg::randn(shape, f64(kCPU)) * 2 + 0.3).to(dt), g = tg::randn(shape, f64(kCPU)).to(dt);
+        const TensorOptions po = TensorOptions(dt == kFloat64 ? kFloat64 : kFloat32);
+        Tensor w = tg::randn({c}, po), b = tg::randn({c}, po);
+        Tensor rm = tg::randn({c}, po), rv = tg::rand({c}, po) + 0.5;
+        auto on = [&](const Tensor& t) {
+          Tensor v = t.to(d);
+          return channels_last ? v.contiguous(MemoryFormat::ChannelsLast) : v;
+        };
+        for (bool training : {true, false}) {
+          SCOPED_TRACE(::testing::PrintToString(shape) + (channels_last ? " NHWC " : " NCHW ") +
+                       std::string(dtype_name(dt)) + (training ? " train" : " eval"));
+          BNRun fused = run_batch_norm(on(x), on(g), w.to(d), b.to(d), rm.to(d), rv.to(d), training, Relu::Fused);
+          BNRun sep = run_batch_norm(on(x), on(g), w.to(d), b.to(d), rm.to(d), rv.to(d), training, Relu::Separate);
+          if (channels_last) EXPECT_TRUE(fused.y.is_contiguous(MemoryFormat::ChannelsLast));
+          EXPECT_EQ(host(fused.y), host(sep.y));
+          EXPECT_EQ(host(fused.gx), host(sep.gx));
+          EXPECT_EQ(host(fused.gw), host(sep.gw));
+          EXPECT_EQ(host(fused.gb), host(sep.gb));
+          EXPECT_EQ(host(fused.rm), host(sep.rm));
+          EXPECT_EQ(host(fused.rv), host(sep.rv));
+          if (dt != kFloat64) continue;
+          int64_t s = 1;
+          for (size_t i = 2; i < shape.size(); ++i) s *= shape[i];
+          const Layout L{shape[0], c, s};
+          RefBN ref = ref_batch_norm(host(x), L, host(w), host(b), host(rm), host(rv), host(g), training, 0.3, 1e-5);
+          std::vector<double> y = ref.y, gm = host(g);
+          for (size_t i = 0; i < y.size(); ++i) {
+            if (y[i] <= 0) gm[i] = 0;
+            y[i] = std::max(y[i], 0.0);
+          }
+          RefBN refg = ref_batch_norm(host(x), L, host(w), host(b), host(rm), host(rv), gm, training, 0.3, 1e-5);
+          expect_near_vec(host(fused.y), y, 1e-10, 1e-10, "relu y");
+          expect_near_vec(host(fused.gx), refg.gx, 1e-10, 1e-9, "relu grad x");
+          expect_near_vec(host(fused.gw), refg.gw, 1e-10, 1e-10, "relu grad weight");
+          expect_near_vec(host(fused.gb), refg.gb, 1e-10, 1e-10, "relu grad bias");
+        }
+      }
+    }
+}
+
+TEST_P(BN, ReluFusedGradcheckAndGradgradcheck) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  const Device d = to_device(GetParam());
+  tg::manual_seed(62);
+  Tensor x = (tg::randn({3, 4, 2, 3}, f64(d)) + 0.2).requires_grad_(true);
+  Tensor w = tg::randn({4}, f64(d)).requires_grad_(true), b = tg::randn({4}, f64(d)).requires_grad_(true);
+  for (bool channels_last : {false, true}) {
+    auto fn = [&](const std::vector<Tensor>& in) {
+      Tensor xi = channels_last ? in[0].contiguous(MemoryFormat::ChannelsLast) : in[0];
+      Tensor y = F::batch_norm_relu(xi, Tensor(), Tensor(), in[1], in[2], true, 0.1, 1e-3);
+      return y * y;  // a non-uniform upstream gradient
+    };
+    auto rep = tg::autograd::gradcheck(fn, {x, w, b});
+    EXPECT_TRUE(rep.ok) << (channels_last ? "NHWC: " : "NCHW: ") << rep;
+    auto rep2 = tg::autograd::gradgradcheck(fn, {x, w, b});
+    EXPECT_TRUE(rep2.ok) << (channels_last ? "NHWC gradgrad: " : "NCHW gradgrad: ") << rep2;
+  }
+}
+
+TEST_P(BN, BatchNormReLU2dModuleIsBatchNorm2dThenRelu) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  const Device d = to_device(GetParam());
+  tg::nn::BatchNorm2d bn(5, {.momentum = 0.2}, f64(d));
+  tg::nn::BatchNormReLU2d bnr(5, {.momentum = 0.2}, f64(d));
+  EXPECT_EQ(bnr.state_dict().keys(), bn.state_dict().keys());
+  EXPECT_EQ(bnr.name(), "BatchNormReLU2d");
+  tg::manual_seed(63);
+  for (int step = 0; step < 2; ++step) {
+    Tensor x = tg::randn({4, 5, 3, 3}, f64(d)) + step;
+    EXPECT_EQ(host(bnr(x)), host(tg::relu(bn(x))));
+    EXPECT_EQ(host(bnr.running_mean), host(bn.running_mean));
+    EXPECT_EQ(host(bnr.running_var), host(bn.running_var));
+  }
+  EXPECT_EQ(bnr.num_batches_tracked.item<int64_t>(), 2);
+  bn.eval();
+  bnr.eval();
+  Tensor x = tg::randn({2, 5, 3, 3}, f64(d));
+  EXPECT_EQ(host(bnr(x)), host(tg::relu(bn(x))));
+  EXPECT_THROW(bnr(tg::randn({2, 5}, f64(d))), Error);  // BatchNorm2d's 4-d check
 }
 
 // ---- CUDA kernels against the CPU float64 reference; run-to-run bits; graph capture.

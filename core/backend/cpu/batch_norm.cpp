@@ -3,7 +3,9 @@
 // elementwise passes (parallel over (sample, channel) planes). Float accumulation (double for
 // float64). s == 1 (channels-last, or no spatial dims) reads rows of c channels: the sums go over
 // fixed chunks of rows (partial sums per (chunk, channel), added in chunk order, so the result
-// does not depend on the thread count), the elementwise passes over rows.
+// does not depend on the thread count), the elementwise passes over rows. batch_norm + ReLU
+// (fused): the forward pass clamps at 0 as it writes; backward counts dy only where the ReLU's
+// output is > 0.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -23,6 +25,15 @@ using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 template <class A>
 const A* vec_ptr(const Tensor& t) {
   return t.defined() ? static_cast<const A*>(t.data_ptr()) : nullptr;
+}
+// relu(v) (NaN stays NaN), and ReLU's backward: g where the output r is > 0.
+template <class A>
+A relu_of(A v) {
+  return v > A(0) || v != v ? v : A(0);
+}
+template <class T, class A>
+A masked(A g, const T* r, int64_t i) {
+  return r == nullptr || static_cast<A>(r[i]) > A(0) ? g : A(0);
 }
 // Planes of s elements per parallel chunk.
 int64_t plane_grain(int64_t s) { return std::max<int64_t>(1, kGrain / std::max<int64_t>(s, 1)); }
@@ -114,7 +125,7 @@ void batch_norm_stats(const Tensor& xt, int64_t n, int64_t c, int64_t s, const T
 }
 
 void batch_norm_elemt(const Tensor& yt, const Tensor& xt, int64_t n, int64_t c, int64_t s, const Tensor& mean,
-                      const Tensor& scale, const Tensor& shift) {
+                      const Tensor& scale, const Tensor& shift, bool relu) {
   dispatch<Kinds::Float>("batch_norm", xt.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
@@ -126,7 +137,10 @@ void batch_norm_elemt(const Tensor& yt, const Tensor& xt, int64_t n, int64_t c, 
         for (int64_t r = lo; r < hi; ++r) {
           const T* xp = x + r * c;
           T* yp = y + r * c;
-          for (int64_t j = 0; j < c; ++j) yp[j] = T((static_cast<A>(xp[j]) - m[j]) * sc[j] + (sh ? sh[j] : A(0)));
+          for (int64_t j = 0; j < c; ++j) {
+            const A v = (static_cast<A>(xp[j]) - m[j]) * sc[j] + (sh ? sh[j] : A(0));
+            yp[j] = T(relu ? relu_of(v) : v);
+          }
         }
       });
       return;
@@ -137,19 +151,23 @@ void batch_norm_elemt(const Tensor& yt, const Tensor& xt, int64_t n, int64_t c, 
         const A mu = m[ch], a = sc[ch], b = sh ? sh[ch] : A(0);
         const T* xp = x + plane * s;
         T* yp = y + plane * s;
-        for (int64_t k = 0; k < s; ++k) yp[k] = T((static_cast<A>(xp[k]) - mu) * a + b);
+        for (int64_t k = 0; k < s; ++k) {
+          const A v = (static_cast<A>(xp[k]) - mu) * a + b;
+          yp[k] = T(relu ? relu_of(v) : v);
+        }
       }
     });
   });
 }
 
 void batch_norm_reduce(const Tensor& dyt, const Tensor& xt, int64_t n, int64_t c, int64_t s, const Tensor& mean,
-                       const Tensor& invstd, const Tensor& sum_dy, const Tensor& sum_dy_xhat) {
+                       const Tensor& invstd, const Tensor& sum_dy, const Tensor& sum_dy_xhat, const Tensor& relu_out) {
   dispatch<Kinds::Float>("batch_norm backward", xt.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     const T* x = static_cast<const T*>(xt.data_ptr());
     const T* dy = static_cast<const T*>(dyt.data_ptr());
+    const T* ro = vec_ptr<T>(relu_out);
     const A *m = vec_ptr<A>(mean), *is = vec_ptr<A>(invstd);
     A* o1 = static_cast<A*>(sum_dy.data_ptr());
     A* o2 = static_cast<A*>(sum_dy_xhat.data_ptr());
@@ -159,8 +177,9 @@ void batch_norm_reduce(const Tensor& dyt, const Tensor& xt, int64_t n, int64_t c
           [&](int64_t r, A* acc) {
             const T* xp = x + r * c;
             const T* gp = dy + r * c;
+            const T* rp = ro ? ro + r * c : nullptr;
             for (int64_t j = 0; j < c; ++j) {
-              const A g = static_cast<A>(gp[j]);
+              const A g = masked(static_cast<A>(gp[j]), rp, j);
               acc[j] += g;
               acc[c + j] += g * (static_cast<A>(xp[j]) - m[j]);
             }
@@ -176,8 +195,9 @@ void batch_norm_reduce(const Tensor& dyt, const Tensor& xt, int64_t n, int64_t c
         for (int64_t i = 0; i < n; ++i) {
           const T* xp = x + (i * c + ch) * s;
           const T* gp = dy + (i * c + ch) * s;
+          const T* rp = ro ? ro + (i * c + ch) * s : nullptr;
           for (int64_t k = 0; k < s; ++k) {
-            const A g = static_cast<A>(gp[k]);
+            const A g = masked(static_cast<A>(gp[k]), rp, k);
             s1 += g;
             s2 += g * (static_cast<A>(xp[k]) - mu);
           }
@@ -191,12 +211,13 @@ void batch_norm_reduce(const Tensor& dyt, const Tensor& xt, int64_t n, int64_t c
 
 void batch_norm_backward_elemt(const Tensor& dxt, const Tensor& dyt, const Tensor& xt, int64_t n, int64_t c, int64_t s,
                                const Tensor& mean, const Tensor& invstd, const Tensor& scale, const Tensor& mean_dy,
-                               const Tensor& mean_dy_xhat) {
+                               const Tensor& mean_dy_xhat, const Tensor& relu_out) {
   dispatch<Kinds::Float>("batch_norm backward", xt.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     const T* x = static_cast<const T*>(xt.data_ptr());
     const T* dy = static_cast<const T*>(dyt.data_ptr());
+    const T* ro = vec_ptr<T>(relu_out);
     T* dx = static_cast<T*>(dxt.data_ptr());
     const A *m = vec_ptr<A>(mean), *is = vec_ptr<A>(invstd), *sc = vec_ptr<A>(scale);
     const A *mdy = vec_ptr<A>(mean_dy), *mdx = vec_ptr<A>(mean_dy_xhat);
@@ -205,9 +226,11 @@ void batch_norm_backward_elemt(const Tensor& dxt, const Tensor& dyt, const Tenso
         for (int64_t r = lo; r < hi; ++r) {
           const T* xp = x + r * c;
           const T* gp = dy + r * c;
+          const T* rp = ro ? ro + r * c : nullptr;
           T* op = dx + r * c;
           for (int64_t j = 0; j < c; ++j)
-            op[j] = T((static_cast<A>(gp[j]) - mdy[j] - (static_cast<A>(xp[j]) - m[j]) * (is[j] * mdx[j])) * sc[j]);
+            op[j] = T((masked(static_cast<A>(gp[j]), rp, j) - mdy[j] - (static_cast<A>(xp[j]) - m[j]) * (is[j] * mdx[j])) *
+                      sc[j]);
         }
       });
       return;
@@ -218,9 +241,11 @@ void batch_norm_backward_elemt(const Tensor& dxt, const Tensor& dyt, const Tenso
         const A a = sc[ch];
         const T* xp = x + plane * s;
         const T* gp = dy + plane * s;
+        const T* rp = ro ? ro + plane * s : nullptr;
         T* op = dx + plane * s;
         const A mu = m[ch], r = is[ch] * mdx[ch], md = mdy[ch];
-        for (int64_t k = 0; k < s; ++k) op[k] = T((static_cast<A>(gp[k]) - md - (static_cast<A>(xp[k]) - mu) * r) * a);
+        for (int64_t k = 0; k < s; ++k)
+          op[k] = T((masked(static_cast<A>(gp[k]), rp, k) - md - (static_cast<A>(xp[k]) - mu) * r) * a);
       }
     });
   });

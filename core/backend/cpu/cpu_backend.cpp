@@ -125,17 +125,19 @@ class CpuBackend final : public backend::Backend {
     cpu::batch_norm_stats(x, n, c, s, mean, var);
   }
   void batch_norm_elemt(const Tensor& y, const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
-                        const Tensor& scale, const Tensor& shift) override {
-    cpu::batch_norm_elemt(y, x, n, c, s, mean, scale, shift);
+                        const Tensor& scale, const Tensor& shift, bool relu) override {
+    cpu::batch_norm_elemt(y, x, n, c, s, mean, scale, shift, relu);
   }
   void batch_norm_reduce(const Tensor& dy, const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
-                         const Tensor& invstd, const Tensor& sum_dy, const Tensor& sum_dy_xhat) override {
-    cpu::batch_norm_reduce(dy, x, n, c, s, mean, invstd, sum_dy, sum_dy_xhat);
+                         const Tensor& invstd, const Tensor& sum_dy, const Tensor& sum_dy_xhat,
+                         const Tensor& relu_out) override {
+    cpu::batch_norm_reduce(dy, x, n, c, s, mean, invstd, sum_dy, sum_dy_xhat, relu_out);
   }
   void batch_norm_backward_elemt(const Tensor& dx, const Tensor& dy, const Tensor& x, int64_t n, int64_t c, int64_t s,
                                  const Tensor& mean, const Tensor& invstd, const Tensor& scale, const Tensor& mean_dy,
-                                 const Tensor& mean_dy_xhat) override {
-    cpu::batch_norm_backward_elemt(dx, dy, x, n, c, s, mean, invstd, scale, mean_dy, mean_dy_xhat);
+                                 const Tensor& mean_dy_xhat, const Tensor& relu_out) override {
+    cpu::batch_norm_backward_elemt(dx, dy, x, n, c, s, mean, invstd, scale, mean_dy, mean_dy_xhat,
+                                   relu_out);
   }
 
   // ---- issue 17: convolution

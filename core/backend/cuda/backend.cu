@@ -223,20 +223,22 @@ class CudaBackend final : public Backend {
     cuda::kern::batch_norm_stats(x, n, c, s, mean, var);
   }
   void batch_norm_elemt(const Tensor& y, const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
-                        const Tensor& scale, const Tensor& shift) override {
+                        const Tensor& scale, const Tensor& shift, bool relu) override {
     cuda::detail::DeviceGuard guard(device_of(x));
-    cuda::kern::batch_norm_elemt(y, x, n, c, s, mean, scale, shift);
+    cuda::kern::batch_norm_elemt(y, x, n, c, s, mean, scale, shift, relu);
   }
   void batch_norm_reduce(const Tensor& dy, const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
-                         const Tensor& invstd, const Tensor& sum_dy, const Tensor& sum_dy_xhat) override {
+                         const Tensor& invstd, const Tensor& sum_dy, const Tensor& sum_dy_xhat,
+                         const Tensor& relu_out) override {
     cuda::detail::DeviceGuard guard(device_of(x));
-    cuda::kern::batch_norm_reduce(dy, x, n, c, s, mean, invstd, sum_dy, sum_dy_xhat);
+    cuda::kern::batch_norm_reduce(dy, x, n, c, s, mean, invstd, sum_dy, sum_dy_xhat, relu_out);
   }
   void batch_norm_backward_elemt(const Tensor& dx, const Tensor& dy, const Tensor& x, int64_t n, int64_t c, int64_t s,
                                  const Tensor& mean, const Tensor& invstd, const Tensor& scale, const Tensor& mean_dy,
-                                 const Tensor& mean_dy_xhat) override {
+                                 const Tensor& mean_dy_xhat, const Tensor& relu_out) override {
     cuda::detail::DeviceGuard guard(device_of(x));
-    cuda::kern::batch_norm_backward_elemt(dx, dy, x, n, c, s, mean, invstd, scale, mean_dy, mean_dy_xhat);
+    cuda::kern::batch_norm_backward_elemt(dx, dy, x, n, c, s, mean, invstd, scale, mean_dy, mean_dy_xhat,
+                                          relu_out);
   }
   // ---- issue 17: interpolate
   void upsample2d(const backend::Upsample2dArgs& a, const Tensor& out, const Tensor& x) override {

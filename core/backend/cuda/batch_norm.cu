@@ -21,6 +21,8 @@
 // fixed tree.
 // Elementwise passes: one thread per element (or per 16-byte vector when the channel layout
 // allows), grid-stride, the channel tracked incrementally from a stride decomposed once.
+// batch_norm + ReLU (fused): the forward pass clamps at 0 as it writes; backward reads the ReLU's
+// output beside dy and counts dy only where it is > 0, in both the sums and the dx pass.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -103,10 +105,12 @@ struct GradOp {
   const T* __restrict__ dy;
   const T* __restrict__ x;
   const A* __restrict__ mean;
+  const T* __restrict__ relu_out;  // or null
 
   __device__ __forceinline__ static State zero() { return {{A(0), A(0)}}; }
   __device__ __forceinline__ Val load(int64_t off, int64_t ch) const {
-    return {cast<A>(dy[off]), cast<A>(x[off]) - mean[ch]};
+    const A g = relu_out == nullptr || cast<A>(relu_out[off]) > A(0) ? cast<A>(dy[off]) : A(0);
+    return {g, cast<A>(x[off]) - mean[ch]};
   }
   __device__ __forceinline__ static State combine(const State& a, const State& b) {
     return {{a.v[0] + b.v[0], a.v[1] + b.v[1]}};
@@ -283,7 +287,7 @@ struct Cursor {
   }
 };
 
-template <class T, int V, bool kChanVec>
+template <class T, int V, bool kChanVec, bool kRelu>
 __global__ void bn_elemt_kernel(T* __restrict__ y, const T* __restrict__ x, Walk w, const bacc_t<T>* __restrict__ mean,
                                 const bacc_t<T>* __restrict__ scale, const bacc_t<T>* __restrict__ shift) {
   using A = bacc_t<T>;
@@ -296,29 +300,34 @@ __global__ void bn_elemt_kernel(T* __restrict__ y, const T* __restrict__ x, Walk
 #pragma unroll
     for (int u = 0; u < V; ++u) {
       const int64_t ch = kChanVec ? cur.ch * V + u : cur.ch;
-      yv.v[u] = cast<T>((cast<A>(xv.v[u]) - mean[ch]) * scale[ch] + (shift ? shift[ch] : A(0)));
+      A v = (cast<A>(xv.v[u]) - mean[ch]) * scale[ch] + (shift ? shift[ch] : A(0));
+      if constexpr (kRelu) v = v > A(0) || v != v ? v : A(0);  // NaN stays, as relu
+      yv.v[u] = cast<T>(v);
     }
     reinterpret_cast<P*>(y)[i] = yv;
   }
 }
 
-template <class T, int V, bool kChanVec>
+template <class T, int V, bool kChanVec, bool kRelu>
 __global__ void bn_backward_elemt_kernel(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x, Walk w,
                                          const bacc_t<T>* __restrict__ mean, const bacc_t<T>* __restrict__ invstd,
                                          const bacc_t<T>* __restrict__ scale, const bacc_t<T>* __restrict__ mean_dy,
-                                         const bacc_t<T>* __restrict__ mean_dy_xhat) {
+                                         const bacc_t<T>* __restrict__ mean_dy_xhat, const T* __restrict__ relu_out) {
   using A = bacc_t<T>;
   using P = Pack<T, V>;
   int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   Cursor cur(i, w);
   for (; i < w.total; i += w.stride, cur.advance(w)) {
     const P xv = reinterpret_cast<const P*>(x)[i], gv = reinterpret_cast<const P*>(dy)[i];
+    P rv;
+    if constexpr (kRelu) rv = reinterpret_cast<const P*>(relu_out)[i];
     P ov;
 #pragma unroll
     for (int u = 0; u < V; ++u) {
       const int64_t ch = kChanVec ? cur.ch * V + u : cur.ch;
-      ov.v[u] = cast<T>(
-          (cast<A>(gv.v[u]) - mean_dy[ch] - (cast<A>(xv.v[u]) - mean[ch]) * invstd[ch] * mean_dy_xhat[ch]) * scale[ch]);
+      A g = cast<A>(gv.v[u]);
+      if constexpr (kRelu) g = cast<A>(rv.v[u]) > A(0) ? g : A(0);
+      ov.v[u] = cast<T>((g - mean_dy[ch] - (cast<A>(xv.v[u]) - mean[ch]) * invstd[ch] * mean_dy_xhat[ch]) * scale[ch]);
     }
     reinterpret_cast<P*>(dx)[i] = ov;
   }
@@ -415,28 +424,34 @@ void batch_norm_stats(const Tensor& x, int64_t n, int64_t c, int64_t s, const Te
 }
 
 void batch_norm_elemt(const Tensor& y, const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
-                      const Tensor& scale, const Tensor& shift) {
+                      const Tensor& scale, const Tensor& shift, bool relu) {
   cudaStream_t stream = detail::current_stream_handle(x.device().index());
   dispatch<kFloats>(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = bacc_t<T>;
     elemt_launch<T>(n, c, s, {&y, &x}, [&](auto v, auto chan_vec, unsigned grid, const Walk& w) {
-      bn_elemt_kernel<T, decltype(v)::value, decltype(chan_vec)::value>
-          <<<grid, 256, 0, stream>>>(static_cast<T*>(y.data_ptr()), static_cast<const T*>(x.data_ptr()), w,
-                                     vptr<A>(mean), vptr<A>(scale), vptr<A>(shift));
-      TG_CUDA_CHECK_LAUNCH();
+      auto go = [&](auto kernel) {
+        kernel<<<grid, 256, 0, stream>>>(static_cast<T*>(y.data_ptr()), static_cast<const T*>(x.data_ptr()), w,
+                                         vptr<A>(mean), vptr<A>(scale), vptr<A>(shift));
+        TG_CUDA_CHECK_LAUNCH();
+      };
+      if (relu)
+        go(bn_elemt_kernel<T, decltype(v)::value, decltype(chan_vec)::value, true>);
+      else
+        go(bn_elemt_kernel<T, decltype(v)::value, decltype(chan_vec)::value, false>);
     });
   });
 }
 
 void batch_norm_reduce(const Tensor& dy, const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
-                       const Tensor& invstd, const Tensor& sum_dy, const Tensor& sum_dy_xhat) {
+                       const Tensor& invstd, const Tensor& sum_dy, const Tensor& sum_dy_xhat, const Tensor& relu_out) {
   cudaStream_t stream = detail::current_stream_handle(x.device().index());
   dispatch<kFloats>(x.dtype(), "batch_norm backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = bacc_t<T>;
     int64_t splits = 0;
-    const GradOp<T> op{static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()), vptr<A>(mean)};
+    const GradOp<T> op{static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()), vptr<A>(mean),
+                       vptr<T>(relu_out)};
     const Tensor part = run_partials(op, x, n, c, s, stream, splits);
     bn_grad_finalize_kernel<T><<<finalize_grid(c), kFinalizeThreads, 0, stream>>>(
         static_cast<const A*>(part.data_ptr()), splits, c, vptr<A>(invstd), static_cast<A*>(sum_dy.data_ptr()),
@@ -447,16 +462,24 @@ void batch_norm_reduce(const Tensor& dy, const Tensor& x, int64_t n, int64_t c, 
 
 void batch_norm_backward_elemt(const Tensor& dx, const Tensor& dy, const Tensor& x, int64_t n, int64_t c, int64_t s,
                                const Tensor& mean, const Tensor& invstd, const Tensor& scale, const Tensor& mean_dy,
-                               const Tensor& mean_dy_xhat) {
+                               const Tensor& mean_dy_xhat, const Tensor& relu_out) {
   cudaStream_t stream = detail::current_stream_handle(x.device().index());
   dispatch<kFloats>(x.dtype(), "batch_norm backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = bacc_t<T>;
-    elemt_launch<T>(n, c, s, {&dx, &dy, &x}, [&](auto v, auto chan_vec, unsigned grid, const Walk& w) {
-      bn_backward_elemt_kernel<T, decltype(v)::value, decltype(chan_vec)::value><<<grid, 256, 0, stream>>>(
-          static_cast<T*>(dx.data_ptr()), static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()), w,
-          vptr<A>(mean), vptr<A>(invstd), vptr<A>(scale), vptr<A>(mean_dy), vptr<A>(mean_dy_xhat));
-      TG_CUDA_CHECK_LAUNCH();
+    // relu_out is in x's layout; an undefined one stands in as x for the alignment test.
+    const Tensor& r = relu_out.defined() ? relu_out : x;
+    elemt_launch<T>(n, c, s, {&dx, &dy, &x, &r}, [&](auto v, auto chan_vec, unsigned grid, const Walk& w) {
+      auto go = [&](auto kernel) {
+        kernel<<<grid, 256, 0, stream>>>(static_cast<T*>(dx.data_ptr()), static_cast<const T*>(dy.data_ptr()),
+                                         static_cast<const T*>(x.data_ptr()), w, vptr<A>(mean), vptr<A>(invstd),
+                                         vptr<A>(scale), vptr<A>(mean_dy), vptr<A>(mean_dy_xhat), vptr<T>(relu_out));
+        TG_CUDA_CHECK_LAUNCH();
+      };
+      if (relu_out.defined())
+        go(bn_backward_elemt_kernel<T, decltype(v)::value, decltype(chan_vec)::value, true>);
+      else
+        go(bn_backward_elemt_kernel<T, decltype(v)::value, decltype(chan_vec)::value, false>);
     });
   });
 }

@@ -61,12 +61,12 @@ void multi_tensor_clamp(const std::vector<Tensor>& tensors, double lo, double hi
 // ---- issue 17: batch_norm (batch_norm.cu)
 void batch_norm_stats(const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean, const Tensor& var);
 void batch_norm_elemt(const Tensor& y, const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
-                      const Tensor& scale, const Tensor& shift);
+                      const Tensor& scale, const Tensor& shift, bool relu);
 void batch_norm_reduce(const Tensor& dy, const Tensor& x, int64_t n, int64_t c, int64_t s, const Tensor& mean,
-                       const Tensor& invstd, const Tensor& sum_dy, const Tensor& sum_dy_xhat);
+                       const Tensor& invstd, const Tensor& sum_dy, const Tensor& sum_dy_xhat, const Tensor& relu_out);
 void batch_norm_backward_elemt(const Tensor& dx, const Tensor& dy, const Tensor& x, int64_t n, int64_t c, int64_t s,
                                const Tensor& mean, const Tensor& invstd, const Tensor& scale, const Tensor& mean_dy,
-                               const Tensor& mean_dy_xhat);
+                               const Tensor& mean_dy_xhat, const Tensor& relu_out);
 
 // ---- issue 17: convolution through cuDNN (conv_cudnn.cpp; tg::Error when built without it)
 void conv2d(const backend::ConvArgs& a);
