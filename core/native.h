@@ -287,8 +287,9 @@ struct ConvParams {
 // PyTorch's conv1d (spatial 1: x [N, C, L] or [C, L], weight [Co, C / groups, K]) and conv2d
 // (spatial 2: x [N, C, H, W] or [C, H, W], weight [Co, C / groups, KH, KW]); bias [Co] or
 // undefined. Output [N, Co, ...] (unbatched in, unbatched out) of x's dtype. Validated here.
+// relu: max(output, 0) fused into the convolution (backend ConvArgs::relu).
 Tensor conv(const char* op, int spatial, const Tensor& x, const Tensor& weight, const Tensor& bias,
-            const ConvParams& p);
+            const ConvParams& p, bool relu = false);
 // {grad_x, grad_weight, grad_bias} (each only when asked, else undefined) in the operands' shapes.
 std::vector<Tensor> conv_backward(const char* op, int spatial, const Tensor& grad, const Tensor& x,
                                   const Tensor& weight, const ConvParams& p, bool need_x, bool need_weight,

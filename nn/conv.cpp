@@ -173,15 +173,22 @@ std::vector<Tensor> conv_transpose_backward_recorded(int spatial, const Tensor& 
 
 // The forward, and a node whose backward is one backend call (grad_x, grad_weight, grad_bias), or
 // the recorded formulas above under create_graph.
+// relu: relu(conv) with the ReLU in the forward kernel; backward first masks the gradient by the
+// saved output > 0 (ReLU's own rule, recorded under create_graph).
 template <size_t D>
-Tensor conv_op(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, const ConvFuncOptions<D>& o) {
+Tensor conv_op(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, const ConvFuncOptions<D>& o,
+               bool relu = false) {
   const native::ConvParams p = params<D>(o);
-  Tensor out = native::conv(op, D, x, w, b, p);
+  Tensor out = native::conv(op, D, x, w, b, p, relu);
   if (!autograd::should_record(x, w, b)) return out;
   autograd::SavedTensor sx(x, op), sw(w, op);
+  autograd::SavedTensor sy = relu ? autograd::SavedTensor(out, op, autograd::Saved::kOutput) : autograd::SavedTensor();
   return autograd::record(
       op, {x, w, b}, std::move(out),
-      [sx, sw, p, op](const Tensor& g, const autograd::FunctionNode& n) {
+      [sx, sw, sy, relu, p, op](const Tensor& g0, const autograd::FunctionNode& n) {
+        const Tensor g =
+            relu ? autograd::bw::elementwise_backward("relu_backward", backend::ElemOp::ReluBackward, g0, sy.unpack())
+                 : g0;
         if (autograd::creating_graph())
           return conv_backward_recorded(D, g, sx.unpack(), sw.unpack(), p, n.needs_input_grad(0), n.needs_input_grad(1),
                                         n.needs_input_grad(2));
@@ -246,6 +253,12 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dF
   Tensor out = conv_op<2>("conv2d", x, weight, bias, o);
   TG_TRACE(Conv2d, out, operands(x, weight, bias), conv_attrs(o));
   return out;
+}
+
+Tensor conv2d_relu(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dFuncOptions o) {
+  TG_AUTOCAST(Conv2d, conv2d_relu(x, weight, bias, o), x, weight, bias);
+  if (detail::tls_tracer != nullptr) return tg::relu(conv2d(x, weight, bias, o));  // traced as its two ops
+  return conv_op<2>("conv2d_relu", x, weight, bias, o, /*relu=*/true);
 }
 
 Tensor conv_transpose1d(const Tensor& x, const Tensor& weight, const Tensor& bias, ConvTranspose1dFuncOptions o) {
@@ -335,6 +348,12 @@ Tensor ConvNd<D>::forward(const Tensor& x) {
 
 template class ConvNd<1>;
 template class ConvNd<2>;
+
+Tensor ConvReLU2d::forward(const Tensor& x) {
+  return functional::conv2d_relu(
+      x, weight, bias,
+      {.stride = options.stride, .padding = options.padding, .dilation = options.dilation, .groups = options.groups});
+}
 
 template <size_t D>
 ConvTransposeNd<D>::ConvTransposeNd(int64_t in, int64_t out, ExpandingArray<D> k, ConvTransposeOptions<D> o,

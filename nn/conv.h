@@ -75,6 +75,11 @@ namespace functional {
 Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), Conv1dFuncOptions options = {});
 // torch.nn.functional.conv2d: x [N, C_in, H, W] or [C_in, H, W]; weight [C_out, C_in / groups, kh, kw].
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), Conv2dFuncOptions options = {});
+// relu(conv2d(x, weight, bias, options)) with the ReLU fused into the convolution's forward (cuDNN's
+// conv + bias + ReLU graph; the CPU applies it as it adds the bias); backward masks the gradient
+// by the output > 0, then is conv2d's. Same values as the two ops; a tracer records both.
+Tensor conv2d_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+                   Conv2dFuncOptions options = {});
 // torch.nn.functional.conv_transpose1d / conv_transpose2d (the gradient of conv with respect to its
 // input): x [N, C_in, L] / [N, C_in, H, W] or unbatched; weight [C_in, C_out / groups, k...]; bias
 // [C_out] or undefined. L_out = (L - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1.
@@ -119,6 +124,15 @@ using Conv1d = ConvNd<1>;
 using Conv2d = ConvNd<2>;
 extern template class ConvNd<1>;
 extern template class ConvNd<2>;
+
+// Conv2d followed by ReLU as one module (torch.ao.nn.intrinsic.ConvReLU2d): Conv2d's parameters,
+// initialisation and state_dict names; forward is functional::conv2d_relu.
+class ConvReLU2d : public Conv2d {
+ public:
+  using Conv2d::Conv2d;
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "ConvReLU2d"; }
+};
 
 // PyTorch's ConvTranspose1d / ConvTranspose2d arguments after kernel_size, in order.
 template <size_t D>

@@ -441,6 +441,9 @@ struct ConvArgs {
   Tensor x, weight, bias, out;
   int64_t stride[2] = {1, 1}, pad[2] = {0, 0}, dilation[2] = {1, 1};
   int64_t groups = 1;
+  // Forward only: out = max(conv + bias, 0) (conv + bias + ReLU fused). NaN: kept by the CPU; a
+  // cuDNN fused graph follows cuDNN's RELU_FWD.
+  bool relu = false;
 };
 // Its gradients from grad_out (contiguous, out's shape and dtype); grad_x ([N, C, H, W]) or
 // grad_weight may be undefined (not wanted); defined ones are contiguous of x's dtype. (The bias

@@ -157,9 +157,9 @@ ConvParams symmetric(const ConvParams& p, const ConvProblem& r) {
 }  // namespace
 
 Tensor conv(const char* op, int spatial, const Tensor& x, const Tensor& weight, const Tensor& bias,
-            const ConvParams& p) {
+            const ConvParams& p, bool relu) {
   const ConvProblem r = check_conv(op, spatial, x, weight, bias, p);
-  if (asymmetric(r)) return conv(op, spatial, pad_end(spatial, x, r), weight, bias, symmetric(p, r));
+  if (asymmetric(r)) return conv(op, spatial, pad_end(spatial, x, r), weight, bias, symmetric(p, r), relu);
   backend::Backend& be = backend::get(x.device().type());
   const bool keep_cl = wants_channels_last(spatial, r, x);
   const bool cl = keep_cl && be.conv_takes_channels_last();
@@ -168,6 +168,7 @@ Tensor conv(const char* op, int spatial, const Tensor& x, const Tensor& weight, 
     backend::ConvArgs a = conv_args(r, p, x, weight, cl);
     a.bias = bias.defined() ? native::contiguous(bias) : Tensor();
     a.out = out;
+    a.relu = relu;
     be.conv2d(a);
   }
   if (keep_cl) return cl ? out : channels_last(out);

@@ -77,29 +77,39 @@ std::vector<double> randv(size_t n, uint64_t seed) {
   return host(tg::randn({static_cast<int64_t>(n)}, kFloat64));
 }
 
-// Forward and all three gradients of conv2d in `dt` against ref_conv.
-void check_conv2d(const Case& k, DType dt, double tol, Device dev = kCPU, bool channels_last = false) {
+// Forward and all three gradients of conv2d (relu: conv2d_relu) in `dt` against ref_conv (relu:
+// max(y, 0), and the gradients of the upstream gradient masked where y <= 0).
+void check_conv2d(const Case& k, DType dt, double tol, Device dev = kCPU, bool channels_last = false,
+                  bool relu = false) {
   SCOPED_TRACE(::testing::Message() << "n" << k.n << " c" << k.c << " " << k.h << "x" << k.w << " co" << k.co << " k"
                                     << k.kh << "x" << k.kw << " s" << k.sh << "," << k.sw << " p" << k.ph << "," << k.pw
                                     << " d" << k.dh << "," << k.dw << " g" << k.groups << " same" << k.same << " "
-                                    << dtype_name(dt) << " " << dev << (channels_last ? " channels_last" : ""));
+                                    << dtype_name(dt) << " " << dev << (channels_last ? " channels_last" : "")
+                                    << (relu ? " relu" : ""));
   const auto xv = randv(static_cast<size_t>(k.n * k.c * k.h * k.w), 1);
   const auto wv = randv(static_cast<size_t>(k.co * (k.c / k.groups) * k.kh * k.kw), 2);
   const auto bv = k.bias ? randv(static_cast<size_t>(k.co), 3) : std::vector<double>{};
   const Ref r0 = ref_conv(k, xv, wv, bv);
-  const auto gv = randv(r0.y.size(), 4);
-  const Ref r = ref_conv(k, xv, wv, bv, gv);
+  auto gv = randv(r0.y.size(), 4);
+  const auto g_in = gv;
+  if (relu)
+    for (size_t i = 0; i < gv.size(); ++i)
+      if (r0.y[i] <= 0) gv[i] = 0;
+  Ref r = ref_conv(k, xv, wv, bv, gv);
+  if (relu)
+    for (double& v : r.y) v = std::max(v, 0.0);
   auto x = tg::tensor(xv, {k.n, k.c, k.h, k.w}).to(dev, dt).requires_grad_();
   auto w = tg::tensor(wv, {k.co, k.c / k.groups, k.kh, k.kw}).to(dev, dt).requires_grad_();
   Tensor b = k.bias ? tg::tensor(bv, {k.co}).to(dev, dt).requires_grad_() : Tensor();
   auto xin = channels_last ? x.contiguous(MemoryFormat::ChannelsLast) : x;
-  auto y = F::conv2d(xin, channels_last ? w.contiguous(MemoryFormat::ChannelsLast) : w, b, opts2(k));
+  auto win = channels_last ? w.contiguous(MemoryFormat::ChannelsLast) : w;
+  auto y = relu ? F::conv2d_relu(xin, win, b, opts2(k)) : F::conv2d(xin, win, b, opts2(k));
   ASSERT_EQ(y.sizes(), (Shape{k.n, k.co, r.oh, r.ow}));
   ASSERT_EQ(y.dtype(), dt);
   ASSERT_EQ(y.device(), x.device());
   if (channels_last) EXPECT_TRUE(y.is_contiguous(MemoryFormat::ChannelsLast)) << y.strides();
   expect_near_vec(host(y), r.y, tol, tol, "y");
-  Tensor gy = tg::tensor(gv, y.sizes()).to(dev, dt);
+  Tensor gy = tg::tensor(g_in, y.sizes()).to(dev, dt);
   y.backward(channels_last ? gy.contiguous(MemoryFormat::ChannelsLast) : gy);
   expect_near_vec(host(x.grad()), r.gx, tol, tol, "grad x");
   expect_near_vec(host(w.grad()), r.gw, tol, tol, "grad weight");
@@ -382,6 +392,46 @@ TEST(Conv2d, AutocastLowersOnCpu) {
 }
 
 // Channels-last (NHWC strides) on the CPU: the same values and gradients, and the layout kept.
+// conv2d_relu: conv + bias + ReLU fused (the CPU's epilogue), backward through the output's mask.
+TEST(Conv2d, ReluFusedMatchesDirectLoop) {
+  for (const Case& k : cases()) {
+    check_conv2d(k, kFloat64, 1e-12, kCPU, false, true);
+    check_conv2d(k, kFloat32, 2e-5, kCPU, false, true);
+    if (!k.same || k.kh % 2) check_conv2d(k, kFloat64, 1e-12, kCPU, true, true);
+  }
+}
+
+TEST(Conv2d, ReluFusedGradcheckAndGradgradcheck) {
+  for (Device d : {kCPU, kCUDA}) {
+    if (d == kCUDA && (!tg::cuda::is_available() || !tg::backends::cudnn::is_available())) continue;
+    tg::manual_seed(8);
+    std::vector<Tensor> in{tg::randn({2, 4, 5, 6}, TensorOptions(kFloat64).device(d)).requires_grad_(),
+                           tg::randn({6, 2, 3, 2}, TensorOptions(kFloat64).device(d)).requires_grad_(),
+                           tg::randn({6}, TensorOptions(kFloat64).device(d)).requires_grad_()};
+    auto fn = [](const std::vector<Tensor>& v) {
+      Tensor y = F::conv2d_relu(v[0], v[1], v[2], {.stride = {2, 1}, .padding = {1, 2}, .groups = 2});
+      return y * y;
+    };
+    auto rep = tg::autograd::gradcheck(fn, in);
+    EXPECT_TRUE(rep.ok) << d << ": " << rep;
+    auto rep2 = tg::autograd::gradgradcheck(fn, in);
+    EXPECT_TRUE(rep2.ok) << d << " gradgrad: " << rep2;
+  }
+}
+
+TEST(Conv2d, ConvReLU2dModuleIsConv2dThenRelu) {
+  tg::manual_seed(9);
+  tg::nn::ConvReLU2d m(3, 4, 3, {.padding = 1}, TensorOptions(kFloat64));
+  tg::nn::Conv2d c(3, 4, 3, {.padding = 1}, TensorOptions(kFloat64));
+  EXPECT_EQ(m.state_dict().keys(), c.state_dict().keys());
+  EXPECT_EQ(m.name(), "ConvReLU2d");
+  Tensor x = tg::randn({2, 3, 5, 5}, kFloat64);
+  Tensor y = m(x);
+  EXPECT_EQ(host(y), host(tg::relu(F::conv2d(x, m.weight, m.bias, {.padding = 1}))));
+  EXPECT_GT(host((y == 0).to(kFloat64).sum())[0], 0);  // the ReLU did clamp something
+  expect_error([&] { m(tg::randn({2, 4, 5, 5}, kFloat64)); }, {"conv2d_relu", "[2, 4, 5, 5]"});
+}
+
 TEST(Conv2d, ChannelsLastOnCpuKeepsLayout) {
   for (const Case& k : cases())
     if (!k.same || k.kh % 2) check_conv2d(k, kFloat64, 1e-12, kCPU, true);
@@ -411,6 +461,30 @@ TEST(Conv2d, CudnnMatchesDirectLoop) {
   }
   Case dw{.n = 3, .c = 8, .h = 10, .w = 10, .co = 8, .kh = 3, .kw = 3, .ph = 1, .pw = 1, .groups = 8};
   check_conv2d(dw, kFloat16, 2e-2, kCUDA, true);
+}
+
+// conv2d_relu on cuDNN: the conv + bias + ReLU graph (or, where no engine runs it, conv then a
+// ReLU pass) against the float64 loop, float32 without TF32 in both layouts; float16 / bfloat16
+// NHWC (the fused graph's home) against conv2d then relu within their rounding.
+TEST(Conv2d, CudnnReluFusedMatchesDirectLoop) {
+  if (!tg::cuda::is_available() || !tg::backends::cudnn::is_available()) GTEST_SKIP() << "no cuDNN on a GPU";
+  tg::backends::cudnn::set_allow_tf32(false);
+  for (const Case& k : cases()) {
+    check_conv2d(k, kFloat32, 1e-4, kCUDA, false, true);
+    check_conv2d(k, kFloat32, 1e-4, kCUDA, true, true);
+  }
+  tg::backends::cudnn::set_allow_tf32(true);
+  tg::manual_seed(10);
+  for (DType dt : {kFloat16, kBFloat16}) {
+    Tensor x = tg::randn({8, 64, 14, 14}, kCUDA).to(dt).contiguous(MemoryFormat::ChannelsLast);
+    Tensor w = (tg::randn({64, 64, 3, 3}, kCUDA) * 0.05).to(dt).contiguous(MemoryFormat::ChannelsLast);
+    Tensor b = tg::randn({64}, kCUDA).to(dt);
+    Tensor fused = F::conv2d_relu(x, w, b, {.padding = 1});
+    EXPECT_TRUE(fused.is_contiguous(MemoryFormat::ChannelsLast));
+    Tensor sep = tg::relu(F::conv2d(x, w, b, {.padding = 1}));
+    expect_near_vec(host(fused.to(kFloat32)), host(sep.to(kFloat32)), dt == kFloat16 ? 1e-2 : 6e-2, 1e-2,
+                    std::string("fused vs separate ") + dtype_name(dt));
+  }
 }
 
 // Autotune (set_benchmark) picks among engines; the answer stays the same.

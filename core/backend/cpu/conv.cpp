@@ -201,11 +201,14 @@ void conv2d_typed(const backend::ConvArgs& a, const Geom& g) {
       gemm_groups<A>(g.groups, COG, lt, KG, w, false, KG, COG * KG, cols, false, lt, KG * lt, o + oh0 * g.ow, COG * L,
                      L);
     }
-    if (std::is_same_v<T, A> && bias == nullptr) return;
+    if (std::is_same_v<T, A> && bias == nullptr && !a.relu) return;
     T* os = out + s * g.co * L;
     for (int64_t c = 0; c < g.co; ++c) {
       const A bc = bias ? static_cast<A>(bias[c]) : A(0);
-      for (int64_t l = 0; l < L; ++l) os[c * L + l] = static_cast<T>(o[c * L + l] + bc);
+      for (int64_t l = 0; l < L; ++l) {
+        const A v = o[c * L + l] + bc;
+        os[c * L + l] = static_cast<T>(a.relu && !(v > A(0) || v != v) ? A(0) : v);  // fused ReLU keeps NaN
+      }
     }
   });
 }

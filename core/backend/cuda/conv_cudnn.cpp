@@ -1,5 +1,7 @@
 // Convolution on CUDA through cuDNN's graph API (cudnn-frontend): conv2d forward (with the
-// bias add fused), its input gradient (dgrad) and weight gradient (wgrad). Graphs are cached by
+// bias add and, when asked, the ReLU fused: cuDNN's conv + bias + ReLU graph; where no engine
+// runs that graph, the plain one and then a ReLU pass), its input gradient (dgrad) and weight
+// gradient (wgrad). Graphs are cached by
 // shapes, strides, dtype and options (cudnn_graph.h), so layouts are whatever the tensors'
 // strides say: NCHW or NHWC (channels-last) reach cuDNN without a transpose. float16 and
 // bfloat16 accumulate in float32; float32 uses TF32 only when tg::backends::cudnn::allow_tf32().
@@ -90,15 +92,16 @@ Attr conv_attrs(const backend::ConvArgs& a, const Shape& out, const char* name) 
 
 }  // namespace
 
-void conv2d(const backend::ConvArgs& a) {
-  const int dev = device_of(a.x);
-  detail::DeviceGuard guard(dev);
+namespace {
+// The forward graph of a, with the ReLU node when relu.
+std::shared_ptr<cudnn::BuiltGraph> conv2d_graph(const backend::ConvArgs& a, int dev, bool relu) {
   const DType dt = a.x.dtype();
   const bool bias = a.bias.defined();
   std::string key = base_key("conv2d", a, use_tf32(dt));
-  append(key, bias ? "|bias|y" : "|y", a.out.sizes());
+  if (bias) key += "|bias";
+  append(key, relu ? "|relu|y" : "|y", a.out.sizes());
   append(key, "/", a.out.strides());
-  auto built = cudnn::get_graph(
+  return cudnn::get_graph(
       dev, key,
       [&] {
         auto g = new_graph(dt);
@@ -110,6 +113,8 @@ void conv2d(const backend::ConvArgs& a) {
           auto B = g->tensor(tensor_attrs("b", kB, {1, co, 1, 1}, {co, 1, 1, 1}, dt));
           Y = g->pointwise(Y, B, fe::graph::Pointwise_attributes().set_name("bias").set_mode(fe::PointwiseMode_t::ADD));
         }
+        if (relu)
+          Y = g->pointwise(Y, fe::graph::Pointwise_attributes().set_name("relu").set_mode(fe::PointwiseMode_t::RELU_FWD));
         Y->set_output(true)
             .set_uid(kY)
             .set_dim(vec(a.out.sizes()))
@@ -118,9 +123,36 @@ void conv2d(const backend::ConvArgs& a) {
         return g;
       },
       graph_options(dt));
+}
+
+// max(out, 0) in place (NaN kept), out dense in any layout.
+void relu_in_place(const Tensor& out) {
+  backend::ElementwiseIter it;
+  it.ndim = 1;
+  it.noperands = 2;
+  it.numel = out.numel();
+  it.shape[0] = out.numel();
+  for (int k = 0; k < 2; ++k) {
+    it.strides[k][0] = 1;
+    it.data[k] = static_cast<char*>(out.data_ptr());
+    it.dtypes[k] = out.dtype();
+  }
+  it.contiguous = true;
+  it.device = out.device();
+  elementwise(backend::ElemOp::Relu, it);
+}
+}  // namespace
+
+void conv2d(const backend::ConvArgs& a) {
+  const int dev = device_of(a.x);
+  detail::DeviceGuard guard(dev);
+  auto built = conv2d_graph(a, dev, a.relu);
+  const bool relu_after = a.relu && !built->supported;  // no engine for the fused graph: two steps
+  if (relu_after) built = conv2d_graph(a, dev, false);
   std::unordered_map<int64_t, void*> pack{{kX, a.x.data_ptr()}, {kW, a.weight.data_ptr()}, {kY, a.out.data_ptr()}};
-  if (bias) pack[kB] = a.bias.data_ptr();
+  if (a.bias.defined()) pack[kB] = a.bias.data_ptr();
   cudnn::execute("conv2d", dev, *built, pack);
+  if (relu_after) relu_in_place(a.out);
 }
 
 void conv2d_backward(const backend::ConvBackwardArgs& b) {
