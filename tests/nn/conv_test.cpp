@@ -138,6 +138,23 @@ TEST(Conv2d, Float64MatchesDirectLoop) {
   for (const Case& k : cases()) check_conv2d(k, kFloat64, 1e-12);
 }
 
+// ResNet-18's convolutions at CIFAR size (batch 16): big enough for the CPU's threaded paths.
+TEST(Conv2d, ResNetSizedFloat64MatchesDirectLoop) {
+  check_conv2d({.n = 16, .c = 3, .h = 32, .w = 32, .co = 64, .kh = 7, .kw = 7, .sh = 2, .sw = 2, .ph = 3, .pw = 3,
+                .bias = false},
+               kFloat64, 1e-10);
+  check_conv2d({.n = 16, .c = 64, .h = 8, .w = 8, .co = 64, .kh = 3, .kw = 3, .ph = 1, .pw = 1, .bias = false},
+               kFloat64, 1e-10);
+  check_conv2d({.n = 16, .c = 64, .h = 8, .w = 8, .co = 128, .kh = 3, .kw = 3, .sh = 2, .sw = 2, .ph = 1, .pw = 1,
+                .bias = false},
+               kFloat64, 1e-10);
+  check_conv2d({.n = 16, .c = 128, .h = 4, .w = 4, .co = 256, .kh = 1, .kw = 1, .sh = 2, .sw = 2, .bias = false},
+               kFloat64, 1e-10);
+  check_conv2d({.n = 16, .c = 64, .h = 8, .w = 8, .co = 128, .kh = 3, .kw = 3, .sh = 2, .sw = 2, .ph = 1, .pw = 1,
+                .bias = false},
+               kFloat32, 1e-3);
+}
+
 TEST(Conv2d, Float32MatchesDirectLoop) {
   for (const Case& k : cases()) check_conv2d(k, kFloat32, 2e-5);
 }
