@@ -390,6 +390,22 @@ TEST(Conv2d, ExportRunMatches) {
   expect_near_vec(host(out[0]), host(conv(x)), 0, 0, "export");
 }
 
+// The fused modules trace as the ops they fuse (conv2d / batch_norm, then relu): the exported
+// program names a relu and gives the module's values, in training (batch statistics) and eval mode.
+TEST(Conv2d, FusedReluModulesExportAsTheirTwoOps) {
+  tg::manual_seed(12);
+  nn::Sequential m(nn::ConvReLU2d(3, 4, 3, {.padding = 1}), nn::BatchNormReLU2d(4));
+  auto x = tg::randn({2, 3, 6, 5});
+  for (bool training : {true, false}) {
+    m.train(training);
+    auto ep = tg::export_module(m, {x});
+    EXPECT_NE(ep.graph().find("relu"), std::string::npos) << ep.graph();
+    auto out = ep.run({x});
+    ASSERT_EQ(out.size(), 1u);
+    expect_near_vec(host(out[0]), host(m.forward(x)), 1e-6, 1e-6, training ? "export train" : "export eval");
+  }
+}
+
 TEST(Conv2d, AutocastLowersOnCpu) {
   // conv is matmul-like for autocast (PyTorch's lower-precision list): bfloat16 on the CPU.
   tg::manual_seed(10);
