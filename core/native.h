@@ -40,6 +40,11 @@ void fill_(const Tensor& self, Scalar v);
 void copy_(const Tensor& dst, const Tensor& src, bool non_blocking = false);  // any devices, dtypes, strides
 Tensor to(const Tensor& a, Device device, DType dtype, bool non_blocking = false);  // a itself when nothing changes
 Tensor contiguous(const Tensor& a);
+// Channels-last (issue 17): whether a is 4-d, NHWC-dense and not also row-major (as [N, 1, 1, 1]
+// or [N, C, 1, 1] are): the layout the CNN ops keep. contiguous_channels_last: a 4-d tensor with
+// NHWC strides, a copy unless it has them.
+bool is_nhwc(const Tensor& a);
+Tensor contiguous_channels_last(const Tensor& a);
 Tensor clone(const Tensor& a);
 // The dtype an op computes in, PyTorch's rules (result_type) for tensor/scalar operands.
 DType result_type(const Tensor& a, const Tensor& b);
@@ -245,11 +250,13 @@ void multi_tensor_clamp_(const char* op, const std::vector<Tensor>& tensors, dou
 // 2-d pooling of x ([C, H, W] or [N, C, H, W], any strides, floating). a: kind and window as the
 // caller sets them (AdaptiveAvg: OH, OW); ceil_mode: PyTorch's output-size rounding. Validates as
 // PyTorch (tg::Error naming op and shapes), fills a's planes, H, W, OH, OW, and returns out (x's
-// shape with OH, OW last) and, for Max, its int64 indices (h * W + w within the plane).
+// shape with OH, OW last; channels-last when x is_nhwc) and, for Max, its int64 indices (h * W + w
+// within the plane; row-major).
 std::pair<Tensor, Tensor> pool2d(const char* op, const Tensor& x, backend::Pool2dArgs& a, bool ceil_mode);
-// The gradient (in_shape, grad's dtype) of pool2d's input from grad (out's shape) and, for Max,
-// the saved indices.
-Tensor pool2d_backward(const backend::Pool2dArgs& a, const Tensor& grad, const Tensor& indices, const Shape& in_shape);
+// The gradient (in_shape, grad's dtype; channels-last when asked and 4-d) of pool2d's input from
+// grad (out's shape, any layout) and, for Max, the saved indices.
+Tensor pool2d_backward(const backend::Pool2dArgs& a, const Tensor& grad, const Tensor& indices, const Shape& in_shape,
+                       bool channels_last = false);
 
 // ---- issue 17: batch_norm (core/native/batch_norm.cpp). x, dy: [N, C, *] of one floating dtype,
 // any layout, N * prod(*) >= 1 and C >= 1 (checked by the caller, nn/batch_norm.cpp); per-channel

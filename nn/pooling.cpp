@@ -18,8 +18,8 @@ std::tuple<Tensor, Tensor> pool(const char* op, const Tensor& x, backend::Pool2d
 // the averages, the pool itself (its backward spreads g / divisor over each window, the transpose
 // of summing a window and dividing), so every order of derivative exists.
 Tensor pool_backward(const char* op, const backend::Pool2dArgs& a, bool ceil_mode, const Tensor& g,
-                     const Tensor& indices, const Shape& in_shape) {
-  auto f = [&](const Tensor& gy) { return native::pool2d_backward(a, gy, indices, in_shape); };
+                     const Tensor& indices, const Shape& in_shape, bool channels_last) {
+  auto f = [&](const Tensor& gy) { return native::pool2d_backward(a, gy, indices, in_shape, channels_last); };
   if (!autograd::creating_graph()) return f(g);
   const Shape out_shape = g.sizes();
   const char* name = a.kind == backend::PoolKind::Max   ? "max_pool2d_backward"
@@ -38,10 +38,11 @@ std::tuple<Tensor, Tensor> pool(const char* op, const Tensor& x, backend::Pool2d
   if (!autograd::should_record(x)) return {out, indices};
   autograd::SavedTensor si = indices.defined() ? autograd::SavedTensor(indices, op) : autograd::SavedTensor();
   const Shape in_shape = x.sizes();
+  const bool cl = native::is_nhwc(x);  // the input gradient in x's layout, as the output
   out = autograd::record(
       op, {x}, std::move(out),
-      [op, a, ceil_mode, si, in_shape](const Tensor& g, const autograd::FunctionNode&) -> std::vector<Tensor> {
-        return {pool_backward(op, a, ceil_mode, g, si.unpack(), in_shape)};
+      [op, a, ceil_mode, si, in_shape, cl](const Tensor& g, const autograd::FunctionNode&) -> std::vector<Tensor> {
+        return {pool_backward(op, a, ceil_mode, g, si.unpack(), in_shape, cl)};
       },
       autograd::kDifferentiable);
   return {out, indices};

@@ -34,12 +34,11 @@ struct Geometry {
   int64_t n, c, s;
   bool channels_last;
 };
-bool is_channels_last(const Tensor& x) { return !x.is_contiguous() && x.is_contiguous(MemoryFormat::ChannelsLast); }
 Geometry geometry(const char* op, const Tensor& x) {
   TG_CHECK(x.dim() >= 2 && x.sizes()[1] > 0 && x.numel() > 0, op, ": expected a non-empty [N, C, *] input, got ",
            x.sizes());
   const int64_t n = x.sizes()[0], c = x.sizes()[1];
-  if (is_channels_last(x)) return {x.numel() / c, c, 1, true};
+  if (is_nhwc(x)) return {x.numel() / c, c, 1, true};
   return {n, c, x.numel() / (n * c), false};
 }
 Tensor empty_like_layout(const Tensor& x, const Geometry& g) {

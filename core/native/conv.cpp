@@ -96,11 +96,7 @@ Shape user_out_shape(int spatial, const ConvProblem& r) {
   return s;
 }
 
-// A 4-d tensor with NHWC strides (a copy unless it has them).
-Tensor channels_last(const Tensor& t) {
-  if (t.is_contiguous(MemoryFormat::ChannelsLast)) return t;
-  return native::permute(native::contiguous(native::permute(t, {0, 2, 3, 1})), {0, 3, 1, 2});
-}
+Tensor channels_last(const Tensor& t) { return contiguous_channels_last(t); }
 Tensor empty_channels_last(const Shape& s, DType dtype, Device device) {
   return empty_strided(s, {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}, dtype, device);
 }
@@ -108,9 +104,7 @@ Tensor empty_channels_last(const Shape& s, DType dtype, Device device) {
 // Channels-last convolution: a batched 2-d input laid out NHWC (and not also row-major, as
 // [N, 1, 1, 1] or [N, C, 1, 1] images are) keeps that layout: the backend gets NHWC operands
 // where it takes them, else the row-major result is converted back.
-bool nhwc(const Tensor& x) {
-  return x.dim() == 4 && !x.is_contiguous() && x.is_contiguous(MemoryFormat::ChannelsLast);
-}
+bool nhwc(const Tensor& x) { return is_nhwc(x); }
 bool wants_channels_last(int spatial, const ConvProblem& r, const Tensor& x) {
   return spatial == 2 && r.batched && nhwc(x);
 }

@@ -549,6 +549,15 @@ Tensor add_n(const std::vector<Tensor>& ts) {
 
 Tensor contiguous(const Tensor& a) { return a.is_contiguous() ? a : clone(a); }
 
+bool is_nhwc(const Tensor& a) {
+  return a.dim() == 4 && !a.is_contiguous() && a.is_contiguous(MemoryFormat::ChannelsLast);
+}
+
+Tensor contiguous_channels_last(const Tensor& a) {
+  if (a.is_contiguous(MemoryFormat::ChannelsLast)) return a;
+  return native::permute(contiguous(native::permute(a, Shape{0, 2, 3, 1})), Shape{0, 3, 1, 2});
+}
+
 Tensor clone(const Tensor& a) {
   Tensor out = empty(a.sizes(), a.dtype(), a.device());
   copy_(out, a);

@@ -1,5 +1,7 @@
 // Native front-end of 2-d pooling (issue 17): validation with PyTorch's checks and output sizes,
-// contiguous working copies, then one backend call each way. The public ops and their backward
+// contiguous working copies, then one backend call each way. A channels-last input (is_nhwc) gets
+// its output back in channels-last (and pool2d_backward its gradient, when asked), so the layers
+// after a pool keep running NHWC; the kernels themselves work on row-major planes. The public ops and their backward
 // are in nn/pooling.cpp.
 #include <tapegrad/core/native.h>
 
@@ -64,10 +66,12 @@ std::pair<Tensor, Tensor> pool2d(const char* op, const Tensor& x, backend::Pool2
   Tensor indices = a.kind == backend::PoolKind::Max ? empty(out_shape, kInt64, x.device()) : Tensor();
   if (a.planes == 0) return {out, indices};
   backend::get(x.device().type()).pool2d(a, out, indices, contiguous(x));
+  if (is_nhwc(x)) out = contiguous_channels_last(out);
   return {out, indices};
 }
 
-Tensor pool2d_backward(const backend::Pool2dArgs& a, const Tensor& grad, const Tensor& indices, const Shape& in_shape) {
+Tensor pool2d_backward(const backend::Pool2dArgs& a, const Tensor& grad, const Tensor& indices, const Shape& in_shape,
+                       bool channels_last) {
   Shape out_shape = in_shape;
   out_shape[out_shape.size() - 2] = a.OH;
   out_shape[out_shape.size() - 1] = a.OW;
@@ -77,7 +81,7 @@ Tensor pool2d_backward(const backend::Pool2dArgs& a, const Tensor& grad, const T
   if (a.planes == 0) return gi;
   backend::get(grad.device().type())
       .pool2d_backward(a, gi, contiguous(grad), indices.defined() ? contiguous(indices) : Tensor());
-  return gi;
+  return channels_last && gi.dim() == 4 ? contiguous_channels_last(gi) : gi;
 }
 
 }  // namespace native

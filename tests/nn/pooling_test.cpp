@@ -209,6 +209,26 @@ TEST_P(Pool, NonContiguousInput) {
   }
 }
 
+// A channels-last input keeps its layout through the pool, and so does its gradient; the values
+// are the row-major ones (so the layers after a pool keep running NHWC).
+TEST_P(Pool, ChannelsLastInKeepsChannelsLastOut) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  const Device dev = to_device(GetParam());
+  for (const Cfg& c : configs()) {
+    Tensor base = randn({2, 3, 6, 5}, TensorOptions().dtype(kFloat64)).to(dev);
+    Tensor x = base.contiguous(MemoryFormat::ChannelsLast).detach().requires_grad_(true);
+    Tensor xr = base.detach().requires_grad_(true);
+    Tensor out = run(c, x), ref = run(c, xr);
+    EXPECT_TRUE(out.is_contiguous(MemoryFormat::ChannelsLast)) << out.strides();
+    expect_near_vec(host(out), host(ref), 0, 0, "forward");
+    Tensor g = randn(ref.sizes(), TensorOptions().dtype(kFloat64)).to(dev);
+    std::vector<Tensor> gx = autograd::grad({out}, {x}, {g.contiguous(MemoryFormat::ChannelsLast)});
+    std::vector<Tensor> gr = autograd::grad({ref}, {xr}, {g});
+    EXPECT_TRUE(gx[0].is_contiguous(MemoryFormat::ChannelsLast)) << gx[0].strides();
+    expect_near_vec(host(gx[0]), host(gr[0]), 0, 0, "backward");
+  }
+}
+
 TEST_P(Pool, Gradcheck) {
   TG_SKIP_WITHOUT_CUDA(GetParam());
   const Device dev = to_device(GetParam());
