@@ -311,6 +311,17 @@ BNRun run_batch_norm(const Tensor& x_in, const Tensor& g, const Tensor& w, const
   return r;
 }
 
+// Every output and gradient equal (each element widened to double exactly: equal values are equal bits
+// but for the sign of zero).
+void expect_same_values(const BNRun& a, const BNRun& b) {
+  EXPECT_EQ(host(a.y), host(b.y));
+  EXPECT_EQ(host(a.rm), host(b.rm));
+  EXPECT_EQ(host(a.rv), host(b.rv));
+  EXPECT_EQ(host(a.gx), host(b.gx));
+  EXPECT_EQ(host(a.gw), host(b.gw));
+  EXPECT_EQ(host(a.gb), host(b.gb));
+}
+
 void expect_same_run(const BNRun& got, const BNRun& want, double tol, const std::string& what) {
   expect_near_vec(host(got.y), host(want.y), tol, tol, what + " y");
   expect_near_vec(host(got.rm), host(want.rm), tol, tol, what + " running_mean");
@@ -436,12 +447,7 @@ TEST_P(BN, ReluFusedEqualsBatchNormThenRelu) {
           BNRun fused = run_batch_norm(on(x), on(g), w.to(d), b.to(d), rm.to(d), rv.to(d), training, Relu::Fused);
           BNRun sep = run_batch_norm(on(x), on(g), w.to(d), b.to(d), rm.to(d), rv.to(d), training, Relu::Separate);
           if (channels_last) EXPECT_TRUE(fused.y.is_contiguous(MemoryFormat::ChannelsLast));
-          EXPECT_EQ(host(fused.y), host(sep.y));
-          EXPECT_EQ(host(fused.gx), host(sep.gx));
-          EXPECT_EQ(host(fused.gw), host(sep.gw));
-          EXPECT_EQ(host(fused.gb), host(sep.gb));
-          EXPECT_EQ(host(fused.rm), host(sep.rm));
-          EXPECT_EQ(host(fused.rv), host(sep.rv));
+          expect_same_values(fused, sep);
           if (dt != kFloat64) continue;
           int64_t s = 1;
           for (size_t i = 2; i < shape.size(); ++i) s *= shape[i];
@@ -580,13 +586,7 @@ TEST(BatchNormCuda, RunToRunBitIdentical) {
       Tensor w = tg::randn({c}, kCUDA), b = tg::randn({c}, kCUDA), rm = tg::zeros({c}, kCUDA),
              rv = tg::ones({c}, kCUDA);
       BNRun r1 = run_batch_norm(x, g, w, b, rm, rv, true), r2 = run_batch_norm(x, g, w, b, rm, rv, true);
-      auto bits = [](const Tensor& t) { return t.cpu().contiguous().to(kFloat32).to_vector<float>(); };
-      EXPECT_EQ(bits(r1.y), bits(r2.y));
-      EXPECT_EQ(bits(r1.rm), bits(r2.rm));
-      EXPECT_EQ(bits(r1.rv), bits(r2.rv));
-      EXPECT_EQ(bits(r1.gx), bits(r2.gx));
-      EXPECT_EQ(bits(r1.gw), bits(r2.gw));
-      EXPECT_EQ(bits(r1.gb), bits(r2.gb));
+      expect_same_values(r1, r2);
     }
 }
 
