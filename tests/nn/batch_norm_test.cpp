@@ -651,6 +651,12 @@ TEST(BatchNormErrors, BadInputsNameTheOpAndShapes) {
   EXPECT_THROW(F::batch_norm(tg::randn({3}), Tensor(), Tensor()), Error);            // 1-d
   EXPECT_THROW(F::batch_norm(tg::ones({2, 3}, TensorOptions(kInt64)), Tensor(), Tensor()), Error);
   EXPECT_THROW(F::batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, -1.0), Error);
+  m = message([&] { F::batch_norm_relu(x, tg::zeros({4}), tg::ones({4}), Tensor(), Tensor(), true); });
+  EXPECT_NE(m.find("batch_norm_relu"), std::string::npos) << m;
+  EXPECT_NE(m.find("[4, 3, 5]"), std::string::npos) << m;
+  m = message([&] { F::batch_norm_relu(tg::randn({1, 3}), Tensor(), Tensor(), Tensor(), Tensor(), true); });
+  EXPECT_NE(m.find("batch_norm_relu"), std::string::npos) << m;
+  EXPECT_NE(m.find("[1, 3]"), std::string::npos) << m;
   m = message([&] { F::group_norm(tg::randn({2, 6, 3}), 4); });
   EXPECT_NE(m.find("group_norm"), std::string::npos) << m;
   EXPECT_NE(m.find("[2, 6, 3]"), std::string::npos) << m;
