@@ -1,8 +1,8 @@
 // Native front-end of 2-d pooling (issue 17): validation with PyTorch's checks and output sizes,
 // contiguous working copies, then one backend call each way. A channels-last input (is_nhwc) gets
 // its output back in channels-last (and pool2d_backward its gradient, when asked), so the layers
-// after a pool keep running NHWC; the kernels themselves work on row-major planes. The public ops and their backward
-// are in nn/pooling.cpp.
+// after a pool keep running NHWC; the kernels themselves work on row-major planes. The public ops
+// and their backward are in nn/pooling.cpp.
 #include <tapegrad/core/native.h>
 
 namespace tg {
