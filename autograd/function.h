@@ -71,6 +71,9 @@ class SavedTensor {
 class FunctionNode;
 // grad of the single forward output -> one grad per input (undefined if not needed).
 using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad, const FunctionNode& node)>;
+// grads of every forward output (undefined where none arrived) -> one grad per input: the backward
+// of an op with several outputs (split, chunk, unbind), recorded with record_multi.
+using MultiBackwardFn = std::function<std::vector<Tensor>(std::vector<Tensor>& grads, const FunctionNode& node)>;
 
 // A node whose backward is a closure written right below the op's forward. The
 // closure owns the saved tensors, so releasing it frees them all.
@@ -83,14 +86,20 @@ class FunctionNode final : public Node {
  public:
   FunctionNode(const char* name, BackwardFn fn, Backward kind = Backward::kFirstOrder)
       : name_(name), fn_(std::move(fn)), differentiable_(kind == Backward::kDifferentiable) {}
+  FunctionNode(const char* name, MultiBackwardFn fn, Backward kind = Backward::kFirstOrder)
+      : name_(name), multi_fn_(std::move(fn)), differentiable_(kind == Backward::kDifferentiable) {}
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
   const char* name() const override { return name_; }
-  void release_saved() override { fn_ = nullptr; }
+  void release_saved() override {
+    fn_ = nullptr;
+    multi_fn_ = nullptr;
+  }
   bool supports_create_graph() const override { return differentiable_; }
 
  private:
   const char* name_;
   BackwardFn fn_;
+  MultiBackwardFn multi_fn_;  // instead of fn_, for a node with several outputs
   bool differentiable_;
 };
 
@@ -128,6 +137,11 @@ Tensor record(const char* name, const std::vector<Tensor>& inputs, Tensor out, B
 // takes, so a GEMM behind a transposed float16 view of a float32 weight writes float32 directly.
 Tensor record_view(const char* name, const Tensor& input, Tensor out, BackwardFn fn,
                    Backward kind = Backward::kFirstOrder);
+// record_view() for an op that returns several views of one input (split, chunk, unbind): one node
+// whose output i is outs[i]; fn gets one gradient per output (undefined where none arrived), so the
+// input's gradient is assembled once instead of summed from one zero-padded tensor per output.
+std::vector<Tensor> record_multi_view(const char* name, const Tensor& input, std::vector<Tensor> outs,
+                                      MultiBackwardFn fn, Backward kind = Backward::kFirstOrder);
 
 // Traces and records `out`, the cast of `src` to out's dtype and device that the caller computed,
 // exactly as Tensor::to does (which computes it with native::to): for autocast, which may take

@@ -99,7 +99,7 @@ Tensor SavedTensor::unpack() const {
 }
 
 std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grads) {
-  TG_CHECK(fn_ != nullptr, name_,
+  TG_CHECK(fn_ != nullptr || multi_fn_ != nullptr, name_,
            ": trying to backward through the graph a second time; its saved tensors were freed after the "
            "first backward. Pass retain_graph=true to the first backward() (BackwardOptions{.retain_graph = true})");
   struct Applying {
@@ -107,6 +107,7 @@ std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grads) {
     ~Applying() { t_applying = prev; }
   } applying;
   t_applying = this;
+  if (multi_fn_) return multi_fn_(grads, *this);
   return fn_(grads.at(0), *this);
 }
 
@@ -192,6 +193,26 @@ Tensor record_impl(const char* name, const Range& inputs, Tensor out, BackwardFn
   return out;
 }
 }  // namespace
+
+std::vector<Tensor> record_multi_view(const char* name, const Tensor& input, std::vector<Tensor> outs,
+                                      MultiBackwardFn fn, Backward kind) {
+  if (!is_floating(input.dtype()) || outs.empty()) return outs;  // integer / bool results carry no gradient
+  auto node = std::make_shared<FunctionNode>(name, std::move(fn), kind);
+  node->next_edges.push_back(requires_grad(input) ? gradient_edge(input) : Edge{});
+  const Edge& next = node->next_edges[0];
+  for (Tensor& out : outs) {
+    if (out.is_same(input)) out = alias(out);  // never overwrite the input's history
+    const uint32_t nr = node->add_input_meta(out);
+    // Views keep the gradient's dtype: each output takes what the input's node takes.
+    if (next.valid() && next.fn->input_meta.at(next.input_nr).dtype == out.dtype())
+      node->input_meta[nr].wide_dtype = next.fn->input_meta.at(next.input_nr).wide_dtype;
+    auto meta = std::make_shared<AutogradMeta>();
+    meta->grad_fn = node;
+    meta->output_nr = nr;
+    out.impl().autograd = std::move(meta);
+  }
+  return outs;
+}
 
 Tensor record(const char* name, std::initializer_list<Tensor> inputs, Tensor out, BackwardFn fn, Backward kind) {
   return record_impl(name, inputs, std::move(out), std::move(fn), kind);

@@ -112,6 +112,14 @@ Tensor permute(const Tensor& a, Shape dims);
 Tensor reshape(const Tensor& a, Shape shape);
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// torch.split / chunk / unbind (see Tensor::split): views of consecutive pieces along dim.
+std::vector<Tensor> split(const Tensor& a, int64_t split_size, int64_t dim = 0);
+std::vector<Tensor> split(const Tensor& a, const std::vector<int64_t>& split_sizes, int64_t dim = 0);
+inline std::vector<Tensor> split(const Tensor& a, std::initializer_list<int64_t> split_sizes, int64_t dim = 0) {
+  return a.split(split_sizes, dim);
+}
+std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t dim = 0);
+std::vector<Tensor> unbind(const Tensor& a, int64_t dim = 0);
 // ---- issue 17: torch.flatten
 Tensor flatten(const Tensor& a, int64_t start_dim = 0, int64_t end_dim = -1);
 

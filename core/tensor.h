@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -175,6 +176,17 @@ class Tensor {
   Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const { return slice(dim, start, start + length); }
   Tensor select(int64_t dim, int64_t index) const;
+  // Views of consecutive pieces along dim, as torch.split / chunk / unbind: pieces of split_size
+  // (the last one smaller), of the given sizes (they must add up to size(dim)), `chunks` pieces of
+  // ceil(size(dim) / chunks) (fewer when they run out), or one per index with dim removed. Their
+  // backward assembles the input's gradient once (zeros for pieces that got none).
+  std::vector<Tensor> split(int64_t split_size, int64_t dim = 0) const;
+  std::vector<Tensor> split(const std::vector<int64_t>& split_sizes, int64_t dim = 0) const;
+  std::vector<Tensor> split(std::initializer_list<int64_t> split_sizes, int64_t dim = 0) const {
+    return split(std::vector<int64_t>(split_sizes), dim);
+  }
+  std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0) const;
+  std::vector<Tensor> unbind(int64_t dim = 0) const;
   Tensor unsqueeze(int64_t dim) const;
   Tensor squeeze() const;
   Tensor squeeze(int64_t dim) const;

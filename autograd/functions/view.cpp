@@ -139,6 +139,96 @@ Tensor Tensor::select(int64_t dim, int64_t index) const {
   }, kDifferentiable);
 }
 
+namespace {
+// The pieces of split / chunk / unbind: views of self along dim d, one node for all of them whose
+// backward writes the input's gradient once (a cat of the pieces' gradients, zeros for a piece that
+// got none) instead of one zero-padded input-sized gradient per piece summed by the engine.
+// `sizes`: the pieces' lengths; `drop`: unbind's pieces (length 1, the dim removed).
+std::vector<Tensor> pieces(const Tensor& self, const std::vector<int64_t>& sizes, int64_t d, bool drop,
+                           const char* op) {
+  std::vector<Tensor> outs;
+  outs.reserve(sizes.size());
+  int64_t at = 0;
+  for (int64_t len : sizes) {
+    Tensor o = drop ? autograd::mark_view(self, native::select(self, d, at))
+                    : autograd::mark_view(self, native::slice(self, d, at, at + len, 1));
+    if (drop) TG_TRACE(Select, o, {self}, {{"dim", d}, {"index", at}});
+    else TG_TRACE(Slice, o, {self}, {{"dim", d}, {"start", at}, {"end", at + len}, {"step", int64_t{1}}});
+    outs.push_back(std::move(o));
+    at += len;
+  }
+  if (!should_record(self)) return outs;
+  const Device dev = self.device();
+  return autograd::record_multi_view(
+      op, self, std::move(outs),
+      [d, drop, dev](std::vector<Tensor>& grads, const FunctionNode& n) -> Grads {
+        DType dt = n.input_meta.at(0).dtype;  // the widest dtype a piece's gradient came in
+        for (const Tensor& g : grads)
+          if (g.defined()) dt = promote_types(dt, g.dtype());
+        std::vector<Tensor> parts;
+        parts.reserve(grads.size());
+        for (size_t i = 0; i < grads.size(); ++i) {
+          Tensor g = grads[i].defined() ? std::move(grads[i]) : native::full(n.input_meta[i].shape, 0, dt, dev);
+          if (g.dtype() != dt) g = bw::to(g, dev, dt);
+          parts.push_back(drop ? bw::unsqueeze(g, d) : std::move(g));
+        }
+        return {autograd::creating_graph() ? tg::cat(parts, d) : native::cat(parts, d)};
+      },
+      kDifferentiable);
+}
+
+int64_t split_dim(const Tensor& self, int64_t dim, const char* op) {
+  TG_CHECK(self.dim() > 0, op, ": a zero-dimensional tensor cannot be split");
+  return detail::wrap_dim(dim, self.dim(), op);
+}
+}  // namespace
+
+std::vector<Tensor> Tensor::split(int64_t split_size, int64_t dim) const {
+  const int64_t d = split_dim(*this, dim, "split");
+  const int64_t n = size(d);
+  TG_CHECK(split_size > 0 || (split_size == 0 && n == 0), "split: split_size must be positive (0 only for an empty dim), got ",
+           split_size, " for dim ", d, " of shape ", sizes());
+  std::vector<int64_t> lens;
+  if (n == 0) lens.push_back(0);
+  for (int64_t at = 0; at < n; at += split_size) lens.push_back(std::min(split_size, n - at));
+  return pieces(*this, lens, d, false, "split");
+}
+
+std::vector<Tensor> Tensor::split(const std::vector<int64_t>& split_sizes, int64_t dim) const {
+  const int64_t d = split_dim(*this, dim, "split");
+  int64_t total = 0;
+  for (int64_t s : split_sizes) {
+    TG_CHECK(s >= 0, "split: split_sizes must be non-negative, got ", Shape(split_sizes), " for shape ", sizes());
+    total += s;
+  }
+  TG_CHECK(!split_sizes.empty() && total == size(d), "split: split_sizes ", Shape(split_sizes), " must add up to ",
+           size(d), " (dim ", d, " of shape ", sizes(), ")");
+  return pieces(*this, split_sizes, d, false, "split");
+}
+
+std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t dim) const {
+  const int64_t d = split_dim(*this, dim, "chunk");
+  TG_CHECK(chunks > 0, "chunk: chunks must be positive, got ", chunks, " for shape ", sizes());
+  const int64_t n = size(d);
+  if (n == 0) return pieces(*this, std::vector<int64_t>(static_cast<size_t>(chunks), 0), d, false, "chunk");
+  const int64_t step = (n + chunks - 1) / chunks;
+  std::vector<int64_t> lens;
+  for (int64_t at = 0; at < n; at += step) lens.push_back(std::min(step, n - at));
+  return pieces(*this, lens, d, false, "chunk");
+}
+
+std::vector<Tensor> Tensor::unbind(int64_t dim) const {
+  const int64_t d = split_dim(*this, dim, "unbind");
+  return pieces(*this, std::vector<int64_t>(static_cast<size_t>(size(d)), 1), d, true, "unbind");
+}
+
+std::vector<Tensor> split(const Tensor& a, int64_t split_size, int64_t dim) { return a.split(split_size, dim); }
+std::vector<Tensor> split(const Tensor& a, const std::vector<int64_t>& split_sizes, int64_t dim) {
+  return a.split(split_sizes, dim);
+}
+std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t dim) { return a.chunk(chunks, dim); }
+std::vector<Tensor> unbind(const Tensor& a, int64_t dim) { return a.unbind(dim); }
+
 Tensor Tensor::expand(Shape sizes) const {
   Tensor out = autograd::mark_view(*this, native::expand(*this, sizes));
   TG_TRACE(Expand, out, {*this}, {{"sizes", std::vector<int64_t>(sizes)}});
