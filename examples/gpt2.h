@@ -67,8 +67,10 @@ class CausalSelfAttention : public tg::nn::Module {
   }
   tg::Tensor forward(const tg::Tensor& x) override {
     const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / n_head;
-    const tg::Tensor qkv = (*c_attn)(x);  // [B, T, 3C]
-    auto heads = [&](int64_t i) { return qkv.slice(2, i * C, (i + 1) * C).reshape({B, T, n_head, D}).transpose(1, 2); };
+    // q, k, v as views of c_attn's [B, T, 3C] output (split's backward writes their gradients into
+    // one [B, T, 3C] tensor)
+    const std::vector<tg::Tensor> qkv = (*c_attn)(x).split(C, 2);
+    auto heads = [&](size_t i) { return qkv[i].reshape({B, T, n_head, D}).transpose(1, 2); };
     // [B, H, T, D]: cuDNN's fused flash attention on CUDA in bf16 / fp16, the math path otherwise.
     const tg::Tensor y = tg::nn::functional::scaled_dot_product_attention(
         heads(0), heads(1), heads(2), {.dropout_p = is_training() ? dropout : 0.0, .is_causal = true});
