@@ -38,6 +38,32 @@ TEST(AddN, MatchesFloat64SumAcrossGroupSizes) {
   }
 }
 
+// CUDA sums 16-byte vectors where every pointer is aligned: sizes with a scalar tail, an input
+// starting one element into its storage (the scalar path), every floating dtype, exact values.
+TEST(AddN, VectorAndScalarPathsAgree) {
+  for (tg::Device dev : test_devices()) {
+    for (tg::DType dt : {tg::kFloat32, tg::kFloat64, tg::kFloat16, tg::kBFloat16}) {
+      for (int64_t numel : {int64_t{8}, int64_t{4099}, int64_t{1} << 20}) {
+        for (int shift : {0, 1}) {
+          SCOPED_TRACE(dev.str() + " " + tg::dtype_name(dt) + " numel=" + std::to_string(numel) + " shift=" +
+                       std::to_string(shift));
+          // small integers: every partial sum is exact in every dtype, so the sums must agree exactly
+          auto ints = [&](int64_t seed) {
+            std::vector<double> v(static_cast<size_t>(numel + 1));
+            for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>((i * (seed + 1) + seed) % 7) - 3;
+            return tg::tensor(v, tg::Shape{numel + 1}).to(dt).to(dev).slice(0, shift, shift + numel);
+          };
+          std::vector<tg::Tensor> ts{ints(0), ints(1), ints(2)};
+          auto got = tg::native::add_n(ts).to(tg::kFloat64).cpu().to_vector<double>();
+          auto a = ts[0].to(tg::kFloat64).cpu().to_vector<double>(), b = ts[1].to(tg::kFloat64).cpu().to_vector<double>(),
+               c = ts[2].to(tg::kFloat64).cpu().to_vector<double>();
+          for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], a[i] + b[i] + c[i]) << "at " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(AddN, NonContiguousInputsFallBackToPairwise) {
   for (tg::Device dev : test_devices()) {
     auto a = tg::rand({4, 6}, dev), b = tg::rand({6, 4}, dev).t();

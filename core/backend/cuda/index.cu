@@ -6,6 +6,7 @@
 
 #include <tapegrad/core/backend/cuda/kernels.cuh>
 #include <tapegrad/core/backend/cuda/loops.cuh>
+#include <tapegrad/core/backend/cuda/reduce.cuh>
 
 namespace tg::cuda::kern {
 namespace {
@@ -159,11 +160,29 @@ struct AddNArgs {
   const S* in[backend::kMaxAddN];
   int n;
 };
-template <class S>
+// 16-byte loads where every pointer is aligned (V elements per vector), scalar otherwise and for
+// the tail: a gradient sum is a pure stream (n reads, one write), so it runs at DRAM speed only
+// with wide accesses and enough bytes in flight.
+template <class S, int V>
 __global__ void add_n_kernel(S* out, AddNArgs<S> a, int64_t numel) {
   using Acc = std::conditional_t<std::is_same_v<S, double>, double, float>;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < numel;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t nvec = V > 1 ? numel / V : 0;
+  for (int64_t i = first; i < nvec; i += stride) {
+    Acc acc[V] = {};
+#pragma unroll 4
+    for (int k = 0; k < a.n; ++k) {
+      const Vec<S, V> x = reinterpret_cast<const Vec<S, V>*>(a.in[k])[i];
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[j] += cast<Acc>(x.v[j]);
+    }
+    Vec<S, V> y;
+#pragma unroll
+    for (int j = 0; j < V; ++j) y.v[j] = cast<S>(acc[j]);
+    reinterpret_cast<Vec<S, V>*>(out)[i] = y;
+  }
+  for (int64_t i = nvec * V + first; i < numel; i += stride) {
     Acc acc = 0;
     for (int k = 0; k < a.n; ++k) acc += cast<Acc>(a.in[k][i]);
     out[i] = cast<S>(acc);
@@ -181,8 +200,15 @@ void add_n(const Tensor& out, const std::vector<Tensor>& inputs) {
     AddNArgs<S> a{};
     a.n = static_cast<int>(inputs.size());
     for (int k = 0; k < a.n; ++k) a.in[k] = static_cast<const S*>(inputs[k].data_ptr());
-    unsigned grid = static_cast<unsigned>(std::min<int64_t>((numel + kThreads - 1) / kThreads, 4096));
-    add_n_kernel<S><<<grid, kThreads, 0, stream>>>(static_cast<S*>(out.data_ptr()), a, numel);
+    constexpr int V = 16 / sizeof(S);
+    bool aligned = reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0;
+    for (int k = 0; k < a.n; ++k) aligned = aligned && reinterpret_cast<uintptr_t>(a.in[k]) % 16 == 0;
+    const int64_t work = aligned ? numel / V + numel % V : numel;
+    // Up to 8 blocks of kThreads per SM resident (a grid-stride loop past that).
+    const int64_t cap = 8LL * sm_count(out.device().index());
+    unsigned grid = static_cast<unsigned>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, cap));
+    if (aligned) add_n_kernel<S, V><<<grid, kThreads, 0, stream>>>(static_cast<S*>(out.data_ptr()), a, numel);
+    else add_n_kernel<S, 1><<<grid, kThreads, 0, stream>>>(static_cast<S*>(out.data_ptr()), a, numel);
     TG_CUDA_CHECK_LAUNCH();
   });
 }
