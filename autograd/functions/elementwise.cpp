@@ -31,11 +31,22 @@ Tensor zero_of(const Tensor& g) { return native::full(Shape{}, 0, g.dtype(), g.d
 // as the store does. The trace records the op as it ran (a float16 input, a float32 result); the
 // exporter's replay and ONNX lowering widen the input first, as every lowering of a mixed op does.
 bool widens_in_kernel(const Tensor& a) { return amp::detail::fp32_reads_reduced(a); }
+// Autocast promotes add / sub operands to their widest dtype. For a float32 and a float16 /
+// bfloat16 tensor (an autocast model's float32 residual stream plus a block's half output) that is
+// exactly what the mixed kernel computes reading the half operand as it is (backend::has_mixed_form),
+// so no cast node and no cast pass. Only where plain type promotion gives the same dtype: a 0-d
+// operand beside a dimmed one does not promote within floating types.
+bool promotes_in_kernel(ElemOp op, const Tensor& a, const Tensor& b) {
+  if (a.dtype() == b.dtype() || !is_floating(a.dtype()) || !is_floating(b.dtype()) || (a.dim() == 0) != (b.dim() == 0))
+    return false;
+  const DType dtypes[] = {promote_types(a.dtype(), b.dtype()), a.dtype(), b.dtype()};
+  return backend::has_mixed_form(op, dtypes);
+}
 }  // namespace
 
 // ---- add / sub
 Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
-  TG_AUTOCAST(Add, tg::add(a, b, alpha), a, b);
+  if (!promotes_in_kernel(ElemOp::Add, a, b)) TG_AUTOCAST(Add, tg::add(a, b, alpha), a, b);
   Tensor out = native::binary(ElemOp::Add, a, b, alpha.to_double());
   TG_TRACE(Add, out, {a, b}, {{"alpha", detail::trace_scalar(alpha)}});
   if (!should_record(a, b)) return out;
@@ -48,7 +59,7 @@ Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
-  TG_AUTOCAST(Sub, tg::sub(a, b, alpha), a, b);
+  if (!promotes_in_kernel(ElemOp::Sub, a, b)) TG_AUTOCAST(Sub, tg::sub(a, b, alpha), a, b);
   Tensor out = native::binary(ElemOp::Sub, a, b, alpha.to_double());
   TG_TRACE(Sub, out, {a, b}, {{"alpha", detail::trace_scalar(alpha)}});
   if (!should_record(a, b)) return out;

@@ -48,6 +48,10 @@ bool has_mixed_form(ElemOp op, const DType* dtypes) {
       return is_reduced_float(dtypes[0]) && dtypes[1] == kFloat32 && dtypes[2] == dtypes[0];
     case ElemOp::Mul: case ElemOp::SqrtBackward:
       return is_reduced_float(dtypes[0]) && dtypes[1] == kFloat32 && dtypes[2] == kFloat32;
+    case ElemOp::Add: case ElemOp::Sub:  // float32 +- float16 / bfloat16, either side: an autocast
+      // model's float32 residual stream plus a block's half output, without a cast pass first
+      return dtypes[0] == kFloat32 && ((dtypes[1] == kFloat32 && is_reduced_float(dtypes[2])) ||
+                                       (is_reduced_float(dtypes[1]) && dtypes[2] == kFloat32));
     default:
       return false;
   }
@@ -317,7 +321,9 @@ Tensor binary(ElemOp op, const Tensor& a, const Tensor& b, double p0, double p1)
   if (is_float_only(op) && !is_floating(compute)) compute = kFloat32;
   if (compute == kBool && !(op == ElemOp::Eq || op == ElemOp::Ne)) compute = kInt64;  // bool arithmetic in int64
   Shape shape = detail::broadcast_shapes(a.sizes(), b.sizes(), name);
-  Tensor x = as_dtype(a, compute), y = as_dtype(b, compute);
+  const DType dtypes[] = {compute, a.dtype(), b.dtype()};
+  const bool mixed = a.dtype() != b.dtype() && backend::has_mixed_form(op, dtypes);  // read as they are
+  Tensor x = mixed ? a : as_dtype(a, compute), y = mixed ? b : as_dtype(b, compute);
   Tensor out = empty_out(shape, is_comparison(op) ? kBool : compute, a.device(), {&a, &b});
   ElementwiseIter it = make_iter(out, {&x, &y}, name);
   set_scalar(it, 0, compute, Scalar(p0));

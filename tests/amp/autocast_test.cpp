@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <tapegrad/tapegrad.h>
+#include <tapegrad/core/backend/backend.h>
 
 namespace tg::testing {
 namespace {
@@ -263,3 +264,46 @@ TEST(Autocast, WeightCastCache) {
 
 }  // namespace
 }  // namespace tg::testing
+
+namespace tg {
+namespace {
+// add / sub of a float32 and a float16 / bfloat16 tensor under autocast (the residual stream of an
+// autocast model): one kernel that reads the half operand as it is, the float32 result autocast's
+// promote gives, the same values, and gradients in each operand's dtype.
+TEST(Autocast, MixedAddReadsTheHalfOperandInOneLaunch) {
+  std::vector<Device> devs{Device(kCPU)};
+  if (cuda::is_available()) devs.emplace_back(kCUDA);
+  for (Device dev : devs)
+    for (DType low : {kBFloat16, kFloat16}) {
+      SCOPED_TRACE(dev.str() + " " + dtype_name(low));
+      manual_seed(3);
+      Tensor x = randn({4, 8}, dev).requires_grad_();
+      Tensor h = randn({4, 8}, TensorOptions().dtype(low).device(dev)).requires_grad_();
+      Tensor w = randn({4, 8}, dev);
+      Tensor y, z;
+      {
+        amp::autocast guard(dev.type(), low);
+        const uint64_t c0 = backend::dispatch_count();
+        y = x + h;
+        EXPECT_EQ(backend::dispatch_count() - c0, 1u) << "a cast pass before the add";
+        z = h - x;
+      }
+      ASSERT_EQ(y.dtype(), kFloat32);
+      ASSERT_EQ(z.dtype(), kFloat32);
+      const Tensor hw = h.detach().to(kFloat32), xd = x.detach();
+      EXPECT_EQ(y.detach().cpu().to_vector<float>(), (xd + hw).cpu().to_vector<float>());
+      EXPECT_EQ(z.detach().cpu().to_vector<float>(), (hw - xd).cpu().to_vector<float>());
+      ((y + z * 2.0) * w).sum().backward();
+      ASSERT_EQ(h.grad().dtype(), low);
+      EXPECT_EQ(h.grad().to(kFloat32).cpu().to_vector<float>(), (w.to(low).to(kFloat32) * 3.0).to(low).to(kFloat32).cpu().to_vector<float>());
+      EXPECT_EQ(x.grad().cpu().to_vector<float>(), (w * -1.0).cpu().to_vector<float>());
+      // a 0-d float32 operand beside a dimmed half one: autocast's promote still gives float32
+      {
+        amp::autocast guard(dev.type(), low);
+        EXPECT_EQ((h + full({}, 1.0, TensorOptions().device(dev))).dtype(), kFloat32);
+      }
+    }
+}
+}  // namespace
+}  // namespace tg
+

@@ -1354,3 +1354,32 @@ TEST(Harness, DetectsMismatches) {
   EXPECT_TRUE(close_to(x.t().unsqueeze(0).expand({2, 3}), RefTensor({2, 3}, {1, 2, 3, 1, 2, 3}), 0, 0));
 }
 }  // namespace
+
+namespace {
+// float32 +- float16 / bfloat16 (either side) runs as one mixed kernel that reads the half input as
+// it is (has_mixed_form): exactly the float32 op on the widened input, with broadcasting, a
+// transposed operand, alpha, on both devices.
+TEST(MixedAdd, Float32WithHalfOperandIsTheFloat32OpExactly) {
+  std::vector<tg::Device> devs{tg::kCPU};
+  if (tg::cuda::is_available()) devs.emplace_back(tg::kCUDA);
+  for (tg::Device dev : devs)
+    for (DType h : {tg::kBFloat16, tg::kFloat16}) {
+      SCOPED_TRACE(dev.str() + " " + tg::dtype_name(h));
+      const Tensor a = tg::randn({33, 17}, tg::TensorOptions().device(dev));
+      const Tensor b = tg::randn({17, 33}, tg::TensorOptions().device(dev)).to(h).t();  // not contiguous
+      const Tensor r = tg::randn({1, 17}, tg::TensorOptions().device(dev)).to(h);        // broadcast
+      const Tensor bw = b.to(tg::kFloat32), rw = r.to(tg::kFloat32);
+      auto same = [](const Tensor& got, const Tensor& want) {
+        ASSERT_EQ(got.dtype(), tg::kFloat32);
+        ASSERT_EQ(got.sizes(), want.sizes());
+        EXPECT_EQ(got.cpu().contiguous().to_vector<float>(), want.cpu().contiguous().to_vector<float>());
+      };
+      same(a + b, a + bw);
+      same(b + a, bw + a);
+      same(a - r, a - rw);
+      same(r - a, rw - a);
+      same(tg::add(a, b, 0.5), tg::add(a, bw, 0.5));
+      same(tg::sub(b, a, 3), tg::sub(bw, a, 3));
+    }
+}
+}  // namespace

@@ -75,10 +75,24 @@ void binary_narrowing(ElemOp op, const ElementwiseIter& it) {
   });
 }
 
+// The widening mixed forms (backend::has_mixed_form): float32 = a +- alpha * b with one of a, b
+// float16 / bfloat16, read as it is.
+void binary_widening(ElemOp op, const ElementwiseIter& it) {
+  const float s = param<float>(it, 0) * (op == ElemOp::Sub ? -1.0f : 1.0f);
+  const bool half_b = it.dtypes[1] == DType::Float32;
+  dispatch_reduced(op, it, half_b ? 2 : 1, [&](auto tag) {
+    using R = decltype(tag);
+    if (half_b) return map2<float, float, R>(it, [s](float a, float b) { return a + s * b; });
+    return map2<float, R, float>(it, [s](float a, float b) { return a + s * b; });
+  });
+}
+
 }  // namespace
 
 void binary_kernel(ElemOp op, const ElementwiseIter& it) {
   const DType t = it.dtypes[0];
+  if (it.noperands == 3 && (it.dtypes[1] != t || it.dtypes[2] != t) && (op == ElemOp::Add || op == ElemOp::Sub))
+    return binary_widening(op, it);
   if (it.noperands == 3 && it.dtypes[1] != t &&
       (op == ElemOp::Mul || op == ElemOp::Div || op == ElemOp::PowScalarBackward || op == ElemOp::SqrtBackward))
     return binary_narrowing(op, it);

@@ -20,6 +20,19 @@ void launch_narrowing(const ElementwiseIter& it, const char* name, const F& f) {
   TG_ERROR(name, ": no CUDA kernel from ", dtype_name(it.dtypes[1]), " and ", dtype_name(it.dtypes[2]), " to ",
            dtype_name(it.dtypes[0]));
 }
+// The widening mixed forms (backend::has_mixed_form): out float32, one input float32 and the
+// other float16 / bfloat16, read as it is (Add / Sub: the residual stream of an autocast model).
+template <class F>
+void launch_widening(const ElementwiseIter& it, const char* name, const F& f) {
+  const DType a = it.dtypes[1], b = it.dtypes[2];
+  if (it.dtypes[0] == DType::Float32) {
+    if (a == DType::Float32 && b == DType::BFloat16) return launch<float, float, __nv_bfloat16>(it, f);
+    if (a == DType::Float32 && b == DType::Float16) return launch<float, float, __half>(it, f);
+    if (a == DType::BFloat16 && b == DType::Float32) return launch<float, __nv_bfloat16, float>(it, f);
+    if (a == DType::Float16 && b == DType::Float32) return launch<float, __half, float>(it, f);
+  }
+  TG_ERROR(name, ": no CUDA kernel from ", dtype_name(a), " and ", dtype_name(b), " to ", dtype_name(it.dtypes[0]));
+}
 }  // namespace
 
 bool elementwise_binary(ElemOp op, const ElementwiseIter& it) {
@@ -45,8 +58,17 @@ bool elementwise_binary(ElemOp op, const ElementwiseIter& it) {
       return true;                                            \
     }                                                         \
     TG_BINARY_SAME_(SET, __VA_ARGS__)
-    TG_BINARY(Add, kFloats | kInts, AddF<T>{param<T>(it, 0)})
-    TG_BINARY(Sub, kFloats | kInts, SubF<T>{param<T>(it, 0)})
+// An op that also has a widening mixed form (float32 out, one half input).
+#define TG_BINARY_WIDENING(OP, SET, ...)                     \
+  case ElemOp::OP:                                           \
+    if (it.dtypes[1] != dt || it.dtypes[2] != dt) {          \
+      using T = float;                                       \
+      launch_widening(it, name, __VA_ARGS__);                \
+      return true;                                           \
+    }                                                        \
+    TG_BINARY_SAME_(SET, __VA_ARGS__)
+    TG_BINARY_WIDENING(Add, kFloats | kInts, AddF<T>{param<T>(it, 0)})
+    TG_BINARY_WIDENING(Sub, kFloats | kInts, SubF<T>{param<T>(it, 0)})
     TG_BINARY_NARROWING(Mul, true, kFloats | kInts, MulF<T>{})
     TG_BINARY(Maximum, kFloats | kInts, MaximumF<T>{})
     TG_BINARY(Minimum, kFloats | kInts, MinimumF<T>{})
