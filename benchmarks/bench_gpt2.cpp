@@ -10,6 +10,7 @@
 //   tg_bench_gpt2                          # CUDA: 124M (12/12/768, context 1024, vocab 50304), B=32 T=1024 bf16
 //   tg_bench_gpt2 --batch 8 --seq 256      # CPU default: 2 layers, 2 heads, width 64, vocab 256, B=4 T=64 fp32
 //   tg_bench_gpt2 --layers 4 --heads 4 --width 256 --vocab 50304 --precision fp32 --reps 10
+//   tg_bench_gpt2 --cudnn-benchmark        # cuDNN autotunes the SDPA graphs at their first call
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +28,7 @@ namespace {
 struct Flags {
   int64_t batch = 0, seq = 0, layers = 0, heads = 0, width = 0, vocab = 0;
   std::string precision, device;
+  bool cudnn_benchmark = false;  // --cudnn-benchmark: cuDNN autotunes the attention graphs
 };
 
 // Takes this program's flags out of argv; the rest go to tg::bench::parse_options.
@@ -48,6 +50,10 @@ Flags take_flags(int& argc, char** argv) {
       v = argv[++i];
       return true;
     };
+    if (std::strcmp(argv[i], "--cudnn-benchmark") == 0) {
+      f.cudnn_benchmark = true;
+      continue;
+    }
     if (num("--batch", f.batch) || num("--seq", f.seq) || num("--layers", f.layers) || num("--heads", f.heads) ||
         num("--width", f.width) || num("--vocab", f.vocab) || str("--precision", f.precision) ||
         str("--device", f.device))
@@ -177,6 +183,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const bool cuda = f.device == "cuda";
+  if (cuda && f.cudnn_benchmark) tg::backends::cudnn::set_benchmark(true);
   gpt2::Config c = cuda ? gpt2::Config{.vocab_size = 50304}
                         : gpt2::Config{.n_layer = 2, .n_head = 2, .n_embd = 64, .block_size = 64, .vocab_size = 256};
   if (f.layers) c.n_layer = f.layers;
