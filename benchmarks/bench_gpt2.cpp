@@ -5,12 +5,14 @@
 // the H200's 989 dense bf16 TFLOP/s, peak memory), the same figure again for the torch.compile
 // comparison, peak GPU memory in GiB, and the time from building the model to the end of the first
 // step. compare_torch.py times the nanoGPT-style PyTorch model (eager and torch.compile) alike.
+// On CUDA, <row>_graph is the same step captured once into a tg::cuda::Graph and replayed.
 // On CUDA at 124M, gpt2_phase_* rows (--only gpt2_phase) give the per-phase breakdown (see phases()).
 //
 //   tg_bench_gpt2                          # CUDA: 124M (12/12/768, context 1024, vocab 50304), B=32 T=1024 bf16
 //   tg_bench_gpt2 --batch 8 --seq 256      # CPU default: 2 layers, 2 heads, width 64, vocab 256, B=4 T=64 fp32
 //   tg_bench_gpt2 --layers 4 --heads 4 --width 256 --vocab 50304 --precision fp32 --reps 10
 //   tg_bench_gpt2 --cudnn-benchmark        # cuDNN autotunes the SDPA graphs at their first call
+//   tg_bench_gpt2 --deterministic          # deterministic algorithms (SDPA backward, embedding)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +31,7 @@ struct Flags {
   int64_t batch = 0, seq = 0, layers = 0, heads = 0, width = 0, vocab = 0;
   std::string precision, device;
   bool cudnn_benchmark = false;  // --cudnn-benchmark: cuDNN autotunes the attention graphs
+  bool deterministic = false;    // --deterministic: tg::use_deterministic_algorithms(true)
 };
 
 // Takes this program's flags out of argv; the rest go to tg::bench::parse_options.
@@ -50,8 +53,8 @@ Flags take_flags(int& argc, char** argv) {
       v = argv[++i];
       return true;
     };
-    if (std::strcmp(argv[i], "--cudnn-benchmark") == 0) {
-      f.cudnn_benchmark = true;
+    if (std::strcmp(argv[i], "--cudnn-benchmark") == 0 || std::strcmp(argv[i], "--deterministic") == 0) {
+      (argv[i][2] == 'c' ? f.cudnn_benchmark : f.deterministic) = true;
       continue;
     }
     if (num("--batch", f.batch) || num("--seq", f.seq) || num("--layers", f.layers) || num("--heads", f.heads) ||
@@ -184,6 +187,7 @@ int main(int argc, char** argv) {
   }
   const bool cuda = f.device == "cuda";
   if (cuda && f.cudnn_benchmark) tg::backends::cudnn::set_benchmark(true);
+  if (f.deterministic) tg::use_deterministic_algorithms(true);
   gpt2::Config c = cuda ? gpt2::Config{.vocab_size = 50304}
                         : gpt2::Config{.n_layer = 2, .n_head = 2, .n_embd = 64, .block_size = 64, .vocab_size = 256};
   if (f.layers) c.n_layer = f.layers;
@@ -200,7 +204,9 @@ int main(int argc, char** argv) {
       is_124m ? "124m" : "l" + std::to_string(c.n_layer) + "h" + std::to_string(c.n_head) + "c" + std::to_string(c.n_embd);
   const std::string name = "gpt2_" + model_name + "_train_step_b" + std::to_string(B) + "_t" + std::to_string(T) +
                            "_" + f.precision + (cuda ? "" : "_cpu");
-  if (!o.wants(name) && !o.wants("gpt2_" + model_name + "_first_step") && !o.wants("gpt2_phase")) return 0;
+  if (!o.wants(name) && !o.wants(name + "_graph") && !o.wants("gpt2_" + model_name + "_first_step") &&
+      !o.wants("gpt2_phase"))
+    return 0;
 
   const tg::Device dev = cuda ? tg::Device(tg::kCUDA) : tg::Device(tg::kCPU);
   auto sync = [&] {
@@ -253,6 +259,35 @@ int main(int argc, char** argv) {
     if (cuda) {
       tg::bench::emit(name + "_vs_compile", tok_s, "tok/s", med, extra);
       tg::bench::emit(name + "_peak_gib", peak_gib, "GiB", med);
+    }
+  }
+  if (cuda && o.wants(name + "_graph")) {
+    // The same step captured once into a tg::cuda::Graph and replayed (the issue's "one CUDA graph
+    // per step"): no host work between the ~600 kernels of a step.
+    try {
+      tg::cuda::Stream side;  // capture needs a stream other than the legacy default
+      tg::cuda::StreamGuard guard(side);
+      for (int i = 0; i < 2; ++i) step();  // eager warm-up on the capture stream
+      tg::cuda::Graph graph;
+      const double c0 = tg::bench::now_s();
+      graph.capture(step);
+      const double capture_ms = (tg::bench::now_s() - c0) * 1e3;
+      std::vector<double> gms;
+      for (int r = 0; r < o.warmup + o.reps; ++r) {
+        tg::cuda::synchronize();
+        const double t0 = tg::bench::now_s();
+        graph.replay();
+        tg::cuda::synchronize();
+        if (r >= o.warmup) gms.push_back((tg::bench::now_s() - t0) * 1e3);
+      }
+      const double gmed = tg::bench::median(gms);
+      const double gtok = static_cast<double>(B * T) / (gmed * 1e-3);
+      char gextra[200];
+      std::snprintf(gextra, sizeof gextra, "\"step_ms\": %.4g, \"mfu_h200\": %.4g, \"graph_nodes\": %zu, \"capture_ms\": %.4g",
+                    gmed, gtok * gpt2::flops_per_token(model, T) / 989e12, graph.num_nodes(), capture_ms);
+      tg::bench::emit(name + "_graph", gtok, "tok/s", gmed, gextra);
+    } catch (const tg::Error& e) {
+      std::fprintf(stderr, "tg_bench_gpt2: the captured step failed: %s\n", e.what());
     }
   }
   if (cuda && is_124m && o.wants("gpt2_phase")) phases(o, model, opt, params, x, y, B, T);
