@@ -140,10 +140,37 @@ Tensor Tensor::select(int64_t dim, int64_t index) const {
 }
 
 namespace {
+// The pieces' gradients as one tensor without a copy where they already lie side by side along d
+// in one storage, as a non-overlapping tensor (a backward that wrote them into one buffer: the
+// fused attention's dq, dk, dv of a packed qkv, core/native/attention.cpp); else undefined.
+Tensor joined_view(const std::vector<Tensor>& parts, int64_t d) {
+  const Tensor& p0 = parts[0];
+  Shape sizes = p0.sizes();
+  sizes[d] = 0;
+  int64_t next = p0.storage_offset();
+  for (const Tensor& p : parts) {
+    if (p.impl().storage != p0.impl().storage || p.dtype() != p0.dtype() || p.strides() != p0.strides() ||
+        p.storage_offset() != next || p.size(d) == 0)
+      return {};
+    next += p.size(d) * p.stride(d);
+    sizes[d] += p.size(d);
+  }
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (sizes[i] > 1) dims.emplace_back(p0.strides()[i], sizes[i]);
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;  // elements reached by the dims of smaller stride, plus one
+  for (const auto& [stride, size] : dims) {
+    if (stride < span) return {};  // overlapping
+    span += stride * (size - 1);
+  }
+  return native::make_view(p0, sizes, p0.strides(), p0.storage_offset());
+}
+
 // The pieces of split / chunk / unbind: views of self along dim d, one node for all of them whose
 // backward writes the input's gradient once (a cat of the pieces' gradients, zeros for a piece that
-// got none) instead of one zero-padded input-sized gradient per piece summed by the engine.
-// `sizes`: the pieces' lengths; `drop`: unbind's pieces (length 1, the dim removed).
+// got none, or no copy at all where they already lie side by side: joined_view) instead of one
+// zero-padded input-sized gradient per piece summed by the engine. `sizes`: the pieces' lengths; `drop`: unbind's pieces (length 1, the dim removed).
 std::vector<Tensor> pieces(const Tensor& self, const std::vector<int64_t>& sizes, int64_t d, bool drop,
                            const char* op) {
   std::vector<Tensor> outs;
@@ -172,7 +199,9 @@ std::vector<Tensor> pieces(const Tensor& self, const std::vector<int64_t>& sizes
           if (g.dtype() != dt) g = bw::to(g, dev, dt);
           parts.push_back(drop ? bw::unsqueeze(g, d) : std::move(g));
         }
-        return {autograd::creating_graph() ? tg::cat(parts, d) : native::cat(parts, d)};
+        if (autograd::creating_graph()) return {tg::cat(parts, d)};
+        if (Tensor joined = drop ? Tensor() : joined_view(parts, d); joined.defined()) return {joined};
+        return {native::cat(parts, d)};
       },
       kDifferentiable);
 }

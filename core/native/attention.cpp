@@ -38,6 +38,28 @@ Shape dense_strides_like(const Tensor& t, const Shape& sizes) {
   }
   return out;
 }
+
+// q, k, v as the three pieces of one packed projection (GPT's c_attn output [B, T, 3C] split in
+// three and viewed as heads): same sizes and strides, one storage, k and v at equal steps `delta`
+// after q, the three together a dense region. Their gradients then go to the same places of one
+// buffer, so split's backward joins them without a copy (autograd/functions/view.cpp).
+bool packed_qkv(const Tensor& q, const Tensor& k, const Tensor& v, int64_t& delta) {
+  if (q.impl().storage != k.impl().storage || q.impl().storage != v.impl().storage) return false;
+  if (q.sizes() != k.sizes() || q.sizes() != v.sizes() || q.strides() != k.strides() || q.strides() != v.strides())
+    return false;
+  delta = k.storage_offset() - q.storage_offset();
+  if (delta <= 0 || v.storage_offset() - k.storage_offset() != delta) return false;
+  std::vector<std::pair<int64_t, int64_t>> dims{{delta, 3}};  // (stride, size), the pieces as one more dim
+  for (int64_t d = 0; d < q.dim(); ++d)
+    if (q.size(d) > 1) dims.emplace_back(q.stride(d), q.size(d));
+  std::sort(dims.begin(), dims.end());
+  int64_t dense = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != dense) return false;
+    dense *= size;
+  }
+  return true;
+}
 }  // namespace
 
 std::optional<SdpaFused> sdpa_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
@@ -58,9 +80,11 @@ std::optional<SdpaFused> sdpa_fused_forward(const Tensor& q, const Tensor& k, co
   f.out = empty_strided(osz, dense_strides_like(q, osz), q.dtype(), dev);
   if (with_grad) {
     f.stats = empty({B, H, Tq, 1}, kFloat32, dev);
-    a.dq_strides = dense_strides_like(q, q.sizes());
-    a.dk_strides = dense_strides_like(k, k.sizes());
-    a.dv_strides = dense_strides_like(v, v.sizes());
+    int64_t delta = 0;
+    const bool packed = packed_qkv(q, k, v, delta);
+    a.dq_strides = packed ? q.strides() : dense_strides_like(q, q.sizes());
+    a.dk_strides = packed ? k.strides() : dense_strides_like(k, k.sizes());
+    a.dv_strides = packed ? v.strides() : dense_strides_like(v, v.sizes());
   }
   if (dropout_p > 0) {
     // Counters reserved as one per score, so later draws of the generator do not reuse them.
@@ -80,9 +104,18 @@ std::vector<Tensor> sdpa_fused_backward(const SdpaFused& f, const Tensor& grad_o
     g = empty_strided(f.out.sizes(), f.out.strides(), f.out.dtype(), dev);
     copy_(g, grad_out);
   }
-  Tensor dq = empty_strided(a.q.sizes(), a.dq_strides, a.q.dtype(), dev);
-  Tensor dk = empty_strided(a.k.sizes(), a.dk_strides, a.k.dtype(), dev);
-  Tensor dv = empty_strided(a.v.sizes(), a.dv_strides, a.v.dtype(), dev);
+  Tensor dq, dk, dv;
+  int64_t delta = 0;
+  if (a.dq_strides == a.q.strides() && packed_qkv(a.q, a.k, a.v, delta)) {  // one buffer laid out as q, k, v's
+    Tensor buf = empty({3 * a.q.numel()}, a.q.dtype(), dev);
+    dq = make_view(buf, a.q.sizes(), a.q.strides(), 0);
+    dk = make_view(buf, a.k.sizes(), a.k.strides(), delta);
+    dv = make_view(buf, a.v.sizes(), a.v.strides(), 2 * delta);
+  } else {
+    dq = empty_strided(a.q.sizes(), a.dq_strides, a.q.dtype(), dev);
+    dk = empty_strided(a.k.sizes(), a.dk_strides, a.k.dtype(), dev);
+    dv = empty_strided(a.v.sizes(), a.dv_strides, a.v.dtype(), dev);
+  }
   backend::get(dev.type()).sdpa_fused_backward(a, f.out, f.stats, g, dq, dk, dv);
   return {dq, dk, dv};
 }

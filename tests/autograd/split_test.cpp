@@ -123,6 +123,24 @@ TEST_P(SplitDev, InPlaceOnAPieceReachesTheBase) {
 
 INSTANTIATE_TEST_SUITE_P(Devices, SplitDev, ::testing::Values(Dev::CPU, Dev::CUDA), dev_name);
 
+// Gradients of the pieces that already lie side by side in one storage (here: slices of one
+// tensor passed as grad_outputs) are joined as a view of it; anything else is copied by a cat.
+TEST(Split, AdjacentPieceGradientsJoinWithoutACopy) {
+  const Tensor x = tg::randn({4, 3}, kFloat64).requires_grad_();
+  const auto p = x.split(2, 0);
+  const Tensor g = tg::arange(12).to(kFloat64).reshape({4, 3});
+  const auto side_by_side = autograd::grad({p[0], p[1]}, {x}, {g.slice(0, 0, 2), g.slice(0, 2, 4)}, true);
+  EXPECT_EQ(host(side_by_side[0]), host(g));
+  EXPECT_EQ(side_by_side[0].data_ptr(), g.data_ptr()) << "joined as a view";
+  const auto swapped = autograd::grad({p[0], p[1]}, {x}, {g.slice(0, 2, 4), g.slice(0, 0, 2)}, true);
+  EXPECT_EQ(host(swapped[0]), host(tg::cat({g.slice(0, 2, 4), g.slice(0, 0, 2)}, 0)));
+  EXPECT_NE(swapped[0].data_ptr(), g.data_ptr());
+  // .grad() never aliases a tensor the caller holds
+  tg::autograd::backward({p[0], p[1]}, {g.slice(0, 0, 2), g.slice(0, 2, 4)});
+  EXPECT_EQ(host(x.grad()), host(g));
+  EXPECT_NE(x.grad().data_ptr(), g.data_ptr());
+}
+
 TEST(Split, ExportedProgramReplaysThePieces) {
   auto fn = [](const std::vector<Tensor>& in) {
     const auto p = in[0].split({2, 4}, 1);

@@ -431,6 +431,33 @@ TEST_P(SdpaFused, MatchesFloat32Math) {
   }
 }
 
+// GPT's packed projection: q, k, v split from one [B, T, 3C] tensor and viewed as heads. The fused
+// backward writes dq, dk, dv into one buffer laid out as the packed tensor, and split's backward
+// joins them without a copy: the packed gradient must equal the float32 math path's.
+TEST_P(SdpaFused, PackedQkvGradientIsTheMathPaths) {
+  if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const DType dt = GetParam();
+  const int64_t B = 2, T = 96, H = 4, D = 64, C = H * D;
+  tg::manual_seed(42);
+  auto attend = [&](const Tensor& qkv) {
+    const std::vector<Tensor> p = qkv.split(C, 2);
+    auto heads = [&](const Tensor& t) { return t.reshape({B, T, H, D}).transpose(1, 2); };
+    return F::scaled_dot_product_attention(heads(p[0]), heads(p[1]), heads(p[2]), {.is_causal = true});
+  };
+  Tensor qkv = tg::randn({B, T, 3 * C}, kCUDA).to(dt).requires_grad_(true);
+  Tensor g = tg::randn({B, H, T, D}, kCUDA).to(dt);
+  Tensor out = attend(qkv);
+  if (tg::backends::cudnn::is_available()) EXPECT_STREQ(out.grad_fn()->name(), "scaled_dot_product_attention");
+  out.backward(g);
+  Tensor ref32 = qkv.detach().to(kFloat32).requires_grad_(true);
+  attend(ref32).backward(g.to(kFloat32));
+  const double tol = dt == kFloat16 ? 1e-2 : 5e-2;
+  for (int64_t i = 0; i < 3; ++i)
+    EXPECT_LE(rel_err(qkv.grad().slice(2, i * C, (i + 1) * C), ref32.grad().slice(2, i * C, (i + 1) * C)), tol)
+        << "piece " << i;
+  EXPECT_TRUE(qkv.grad().is_contiguous());
+}
+
 TEST_P(SdpaFused, ThreeDimInputs) {
   if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const DType dt = GetParam();
