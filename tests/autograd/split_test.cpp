@@ -141,6 +141,28 @@ TEST(Split, AdjacentPieceGradientsJoinWithoutACopy) {
   EXPECT_NE(x.grad().data_ptr(), g.data_ptr());
 }
 
+// The pieces are outputs 0..n-1 of one node: retain_grad, a hook and autograd::grad address each
+// piece's own gradient.
+TEST(Split, RetainGradHooksAndGradOfOnePiece) {
+  const Tensor x = tg::randn({6, 2}, kFloat64).requires_grad_();
+  const Tensor y = x * 3.0;
+  auto p = y.split(2, 0);
+  p[1].retain_grad();
+  int hooked = 0;
+  p[2].register_hook([&](const Tensor& g) {
+    ++hooked;
+    return g * 10.0;  // replaces the gradient flowing into piece 2
+  });
+  (p[0].sum() + (p[1] * 2.0).sum() + (p[2] * 4.0).sum()).backward(Tensor(), {.retain_graph = true});
+  EXPECT_EQ(hooked, 1);
+  EXPECT_EQ(host(p[1].grad()), std::vector<double>(4, 2.0));
+  std::vector<double> want;
+  for (double v : {1.0, 2.0, 40.0}) want.insert(want.end(), 4, 3.0 * v);
+  EXPECT_EQ(host(x.grad()), want);
+  const auto g1 = autograd::grad({(p[1] * p[1]).sum()}, {p[1]});
+  expect_near_vec(host(g1[0]), host(p[1] * 2.0), 0, 1e-15, "d sum(p1^2) / d p1");
+}
+
 TEST(Split, ExportedProgramReplaysThePieces) {
   auto fn = [](const std::vector<Tensor>& in) {
     const auto p = in[0].split({2, 4}, 1);
