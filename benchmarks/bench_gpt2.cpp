@@ -53,8 +53,12 @@ Flags take_flags(int& argc, char** argv) {
       v = argv[++i];
       return true;
     };
-    if (std::strcmp(argv[i], "--cudnn-benchmark") == 0 || std::strcmp(argv[i], "--deterministic") == 0) {
-      (argv[i][2] == 'c' ? f.cudnn_benchmark : f.deterministic) = true;
+    if (std::strcmp(argv[i], "--cudnn-benchmark") == 0) {
+      f.cudnn_benchmark = true;
+      continue;
+    }
+    if (std::strcmp(argv[i], "--deterministic") == 0) {
+      f.deterministic = true;
       continue;
     }
     if (num("--batch", f.batch) || num("--seq", f.seq) || num("--layers", f.layers) || num("--heads", f.heads) ||

@@ -321,8 +321,12 @@ Tensor binary(ElemOp op, const Tensor& a, const Tensor& b, double p0, double p1)
   if (is_float_only(op) && !is_floating(compute)) compute = kFloat32;
   if (compute == kBool && !(op == ElemOp::Eq || op == ElemOp::Ne)) compute = kInt64;  // bool arithmetic in int64
   Shape shape = detail::broadcast_shapes(a.sizes(), b.sizes(), name);
+  // A widening mixed form reads both inputs as they are (exact: nothing is rounded on the way in).
+  // Only where compute is the inputs' promoted dtype: a narrowing form (binary_to's) would skip the
+  // rounding of a 0-d float32 operand that promotion within floating types casts to the half dtype.
   const DType dtypes[] = {compute, a.dtype(), b.dtype()};
-  const bool mixed = a.dtype() != b.dtype() && backend::has_mixed_form(op, dtypes);  // read as they are
+  const bool mixed = a.dtype() != b.dtype() && compute == promote_types(a.dtype(), b.dtype()) &&
+                     backend::has_mixed_form(op, dtypes);
   Tensor x = mixed ? a : as_dtype(a, compute), y = mixed ? b : as_dtype(b, compute);
   Tensor out = empty_out(shape, is_comparison(op) ? kBool : compute, a.device(), {&a, &b});
   ElementwiseIter it = make_iter(out, {&x, &y}, name);

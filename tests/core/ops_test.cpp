@@ -1358,7 +1358,8 @@ TEST(Harness, DetectsMismatches) {
 namespace {
 // float32 +- float16 / bfloat16 (either side) runs as one mixed kernel that reads the half input as
 // it is (has_mixed_form): exactly the float32 op on the widened input, with broadcasting, a
-// transposed operand, alpha, on both devices.
+// transposed operand, alpha, on both devices. A half result (a 0-d float32 operand) still rounds
+// that operand first: no narrowing form is taken in its place.
 TEST(MixedAdd, Float32WithHalfOperandIsTheFloat32OpExactly) {
   std::vector<tg::Device> devs{tg::kCPU};
   if (tg::cuda::is_available()) devs.emplace_back(tg::kCUDA);
@@ -1380,6 +1381,13 @@ TEST(MixedAdd, Float32WithHalfOperandIsTheFloat32OpExactly) {
       same(r - a, rw - a);
       same(tg::add(a, b, 0.5), tg::add(a, bw, 0.5));
       same(tg::sub(b, a, 3), tg::sub(bw, a, 3));
+      // A 0-d float32 operand beside a dimmed half one: the result is half and the float32 value is
+      // rounded to it first (promotion within floating types), as before the mixed forms existed.
+      const Tensor third = tg::full({}, 1.0 / 3.0, tg::TensorOptions().device(dev));
+      const Tensor den = (tg::arange(200) + 1).to(h).to(dev);  // 1 .. 200: some quotients round differently
+      const Tensor q = tg::div(third, den), want = tg::div(third.to(h), den);
+      ASSERT_EQ(q.dtype(), h);
+      EXPECT_EQ(q.to(tg::kFloat32).cpu().to_vector<float>(), want.to(tg::kFloat32).cpu().to_vector<float>());
     }
 }
 }  // namespace
