@@ -140,6 +140,61 @@ struct Capture {
   size_t result_index;
 };
 
+// Gradients for one input of a node are summed lazily: small CUDA gradients wait in a list and
+// are added in one fused launch (native::add_n) when the node runs or the list is full, since on
+// a GPU a launch per contribution costs far more than the arithmetic. Large ones add at once.
+struct Slot {
+  std::vector<Tensor> parts;
+  Tensor collapse() {
+    if (parts.size() > 1) {
+      // Parts may mix a node's own dtype and the wider one it also takes: sum in the wider.
+      DType dt = parts[0].dtype();
+      for (const Tensor& p : parts) dt = promote_types(dt, p.dtype());
+      for (Tensor& p : parts)
+        if (p.dtype() != dt) p = bw::to(p, p.device(), dt);
+      if (creating_graph()) {
+        for (size_t i = 1; i < parts.size(); ++i) parts[0] = tg::add(parts[0], parts[i]);
+        parts.resize(1);
+      } else {
+        parts = {native::add_n(parts)};
+      }
+    }
+    return parts.empty() ? Tensor() : parts[0];
+  }
+};
+using Buffers = std::unordered_map<Node*, std::vector<Slot>>;
+
+// The node whose backward runs now on this thread and the reverse pass's buffers
+// (take_pending_grad); saved and restored around each call, so nested passes see their own.
+// The node whose backward runs now on this thread and the reverse pass's state it may look at
+// (take_pending_grad, pointwise_next); saved and restored around each call, so nested passes see
+// their own. `absorbed`: the edges whose next node the running backward applied (absorb_next).
+struct PassState {
+  Buffers* buffers;
+  std::unordered_map<Node*, int>* deps;
+  const std::unordered_map<Node*, std::vector<Capture>>* captures;
+};
+struct Running {
+  const Node* node = nullptr;
+  PassState* pass = nullptr;
+  std::vector<size_t>* absorbed = nullptr;
+};
+thread_local Running t_running;
+thread_local uint64_t t_absorbed_count = 0;
+
+class RunningGuard {
+ public:
+  RunningGuard(const Node* node, PassState* pass, std::vector<size_t>* absorbed) : prev_(t_running) {
+    t_running = {node, pass, absorbed};
+  }
+  ~RunningGuard() { t_running = prev_; }
+  RunningGuard(const RunningGuard&) = delete;
+  RunningGuard& operator=(const RunningGuard&) = delete;
+
+ private:
+  Running prev_;
+};
+
 // Runs the reverse pass. With `inputs` (tg::autograd::grad), the gradients
 // reaching them are returned and no leaf's .grad() is touched.
 std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads,
@@ -207,31 +262,13 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
     }
   }
 
-  // ---- the reverse pass
-  // Gradients for one input of a node are summed lazily: small CUDA gradients wait in a list and
-  // are added in one fused launch (native::add_n) when the node runs or the list is full, since on
-  // a GPU a launch per contribution costs far more than the arithmetic. Large ones add at once.
-  struct Slot {
-    std::vector<Tensor> parts;
-    Tensor collapse() {
-      if (parts.size() > 1) {
-        // Parts may mix a node's own dtype and the wider one it also takes: sum in the wider.
-        DType dt = parts[0].dtype();
-        for (const Tensor& p : parts) dt = promote_types(dt, p.dtype());
-        for (Tensor& p : parts)
-          if (p.dtype() != dt) p = bw::to(p, p.device(), dt);
-        if (creating_graph()) {
-          for (size_t i = 1; i < parts.size(); ++i) parts[0] = tg::add(parts[0], parts[i]);
-          parts.resize(1);
-        } else {
-          parts = {native::add_n(parts)};
-        }
-      }
-      return parts.empty() ? Tensor() : parts[0];
-    }
-  };
+  // ---- the reverse pass (Slot: the sum of one input's gradients)
   constexpr int64_t kLazyMaxNumel = 1 << 16;
-  std::unordered_map<Node*, std::vector<Slot>> buffers;
+  Buffers buffers;
+  PassState pass{&buffers, &deps, &captures};
+  // Results of nodes whose backward a node before them applied (absorb_next): when such a node's
+  // turn comes, these are its gradients and it does not run.
+  std::unordered_map<Node*, std::vector<Tensor>> precomputed;
   auto deliver = [&](const Edge& e, Tensor g) {
     Node* n = e.fn.get();
     g = conform(std::move(g), n->input_meta.at(e.input_nr), wanted_grad_dtype(e));
@@ -255,6 +292,23 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
   while (!ready.empty()) {
     std::shared_ptr<Node> node = std::move(ready.back());
     ready.pop_back();
+    if (auto pc = precomputed.find(node.get()); pc != precomputed.end()) {
+      std::vector<Tensor> outs = std::move(pc->second);
+      precomputed.erase(pc);
+      buffers.erase(node.get());
+      if (!retain_graph) node->release_saved();
+      for (size_t i = 0; i < node->next_edges.size(); ++i) {
+        const Edge& e = node->next_edges[i];
+        if (!e.fn) continue;
+        if (i < outs.size() && outs[i].defined()) deliver(e, std::move(outs[i]));
+        auto d = deps.find(e.fn.get());
+        if (--d->second == 0) {
+          deps.erase(d);
+          ready.push_back(e.fn);
+        }
+      }
+      continue;
+    }
     std::vector<Tensor> buf;
     if (auto it = buffers.find(node.get()); it != buffers.end()) {
       for (Slot& slot : it->second) buf.push_back(slot.collapse());
@@ -290,7 +344,17 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
         for (Tensor& o : outs)
           if (o.defined()) o = not_implemented(*node, incoming, std::move(o));
       } else {
-        outs = AnomalyMode::is_enabled() ? apply_in_anomaly_mode(*node, std::move(buf)) : node->apply(std::move(buf));
+        std::vector<size_t> absorbed;
+        {
+          RunningGuard running(node.get(), &pass, &absorbed);
+          outs = AnomalyMode::is_enabled() ? apply_in_anomaly_mode(*node, std::move(buf)) : node->apply(std::move(buf));
+        }
+        for (size_t i : absorbed) {  // input i's gradient is already the next node's result
+          TG_CHECK(i < outs.size() && outs[i].defined(), node->name(), ": backward applied its input ", i,
+                   "'s next node but returned no gradient for it");
+          precomputed[node->next_edges[i].fn.get()] = {std::move(outs[i])};
+          outs[i] = Tensor();
+        }
       }
       if (!retain_graph) node->release_saved();
       TG_CHECK(outs.empty() || outs.size() == node->next_edges.size(), node->name(), ": backward returned ",
@@ -324,6 +388,49 @@ bool is_implicit_one(const Tensor& g) {
 Tensor writable(const Tensor& g) { return is_implicit_one(g) ? native::clone(g) : g; }
 
 bool in_grad_call() { return t_in_grad_call; }
+
+Tensor take_pending_grad(const Node& n, size_t i, const Shape& shape, DType dtype, Device device) {
+  const Running& r = t_running;
+  if (r.node != &n || creating_graph() || i >= n.next_edges.size() || !n.next_edges[i].fn) return Tensor();
+  const Edge& e = n.next_edges[i];
+  auto it = r.pass->buffers->find(e.fn.get());
+  if (it == r.pass->buffers->end() || e.input_nr >= it->second.size()) return Tensor();
+  std::vector<Tensor>& parts = it->second[e.input_nr].parts;
+  if (parts.size() != 1 || parts[0].sizes() != shape || parts[0].dtype() != dtype || parts[0].device() != device)
+    return Tensor();
+  Tensor pending = std::move(parts[0]);
+  parts.clear();
+  return pending;
+}
+
+const PointwiseGrad* pointwise_next(const Node& n, size_t i) {
+  const Running& r = t_running;
+  if (r.node != &n || creating_graph() || AnomalyMode::is_enabled() || i >= n.next_edges.size()) return nullptr;
+  auto* m = dynamic_cast<FunctionNode*>(n.next_edges[i].fn.get());
+  if (!m || !m->pointwise || m->next_edges.size() != 1 || m->input_meta.size() != 1 || !m->retained.empty())
+    return nullptr;
+  if (GradHooks* hooks = m->grad_hooks(); hooks && !hooks->empty()) return nullptr;
+  if (r.pass->captures->count(m)) return nullptr;
+  // n's edge is the only one left into m and nothing arrived there before.
+  auto d = r.pass->deps->find(m);
+  if (d == r.pass->deps->end() || d->second != 1) return nullptr;
+  if (std::count_if(n.next_edges.begin(), n.next_edges.end(), [&](const Edge& e) { return e.fn.get() == m; }) != 1)
+    return nullptr;
+  if (auto b = r.pass->buffers->find(m); b != r.pass->buffers->end())
+    for (const Slot& slot : b->second)
+      if (!slot.parts.empty()) return nullptr;
+  return &*m->pointwise;
+}
+
+void absorb_next(const Node& n, size_t i) {
+  TG_CHECK(pointwise_next(n, i) != nullptr, n.name(), ": absorb_next(", i, ") without pointwise_next");
+  TG_CHECK(std::find(t_running.absorbed->begin(), t_running.absorbed->end(), i) == t_running.absorbed->end(),
+           n.name(), ": absorb_next(", i, ") twice");
+  t_running.absorbed->push_back(i);
+  ++t_absorbed_count;
+}
+
+uint64_t absorbed_node_count() { return t_absorbed_count; }
 
 void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, bool retain_graph) {
   run_backward(outputs, grad_outputs, retain_graph, false, nullptr, "autograd::backward");

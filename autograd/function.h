@@ -5,6 +5,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -82,6 +83,16 @@ using MultiBackwardFn = std::function<std::vector<Tensor>(std::vector<Tensor>& g
 enum class Backward { kFirstOrder, kDifferentiable };
 inline constexpr Backward kDifferentiable = Backward::kDifferentiable;
 
+// The backward of a node that is one elementwise op of its gradient and a saved tensor,
+// grad_in = elementwise(op, grad_out, saved, p0, p1) (an activation's): the node whose backward
+// produces grad_out may apply it itself, a GEMM in its epilogue (pointwise_next / absorb_next).
+struct PointwiseGrad {
+  const char* name;  // the backward's node name under create_graph (bw::elementwise_backward)
+  backend::ElemOp op;
+  SavedTensor saved;
+  double p0 = 0, p1 = 0;
+};
+
 class FunctionNode final : public Node {
  public:
   FunctionNode(const char* name, BackwardFn fn, Backward kind = Backward::kFirstOrder)
@@ -93,8 +104,12 @@ class FunctionNode final : public Node {
   void release_saved() override {
     fn_ = nullptr;
     multi_fn_ = nullptr;
+    pointwise.reset();
   }
   bool supports_create_graph() const override { return differentiable_; }
+
+  // Set when the backward is exactly that pointwise op (unary activations).
+  std::optional<PointwiseGrad> pointwise;
 
  private:
   const char* name_;
@@ -109,6 +124,24 @@ Edge gradient_edge(const Tensor& t);
 // The dtype the node at e takes its gradient in without a copy: its InputMeta's wide_dtype when
 // it has one, else its dtype.
 DType wanted_grad_dtype(const Edge& e);
+
+// The gradient another consumer of input i of node n already sent, taken out of the engine's sum
+// for n.next_edges[i] when it is exactly one tensor of `shape`, `dtype` and `device`: a backward
+// that adds it into the gradient it writes for input i (a fused kernel's addend) saves the engine
+// a separate pass over both. A backward that takes it must return it summed in. Undefined, with
+// nothing taken, outside n's own backward call, under create_graph, or when no such gradient waits.
+Tensor take_pending_grad(const Node& n, size_t i, const Shape& shape, DType dtype, Device device);
+
+// The pointwise backward of the node that input i's gradient goes to next, when n's backward may
+// apply it in that node's place: the node has no other gradient coming, no hooks, is not retained,
+// not an input of autograd::grad, and anomaly mode is off. A backward that applies it calls
+// absorb_next(n, i) and returns for input i that node's result (its input's gradient); the engine
+// then delivers it onward and skips the node. Null (as take_pending_grad) outside n's own backward
+// call, under create_graph, or when that node is not pointwise.
+const PointwiseGrad* pointwise_next(const Node& n, size_t i);
+void absorb_next(const Node& n, size_t i);
+// How many nodes this thread's backward passes skipped so (absorb_next): for tests and profiles.
+uint64_t absorbed_node_count();
 
 // The engine's shared implicit root gradient (a read-only CUDA 1, see engine.cpp), and
 // g made safe to hand to user code (a copy when it is that tensor).

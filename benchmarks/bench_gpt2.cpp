@@ -12,7 +12,7 @@
 //   tg_bench_gpt2 --batch 8 --seq 256      # CPU default: 2 layers, 2 heads, width 64, vocab 256, B=4 T=64 fp32
 //   tg_bench_gpt2 --layers 4 --heads 4 --width 256 --vocab 50304 --precision fp32 --reps 10
 //   tg_bench_gpt2 --cudnn-benchmark        # cuDNN autotunes the SDPA graphs at their first call
-//   tg_bench_gpt2 --deterministic          # deterministic algorithms (SDPA backward, embedding)
+//   tg_bench_gpt2 --nondeterministic       # use_deterministic_algorithms(false): atomics in SDPA backward, embedding
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,7 +31,7 @@ struct Flags {
   int64_t batch = 0, seq = 0, layers = 0, heads = 0, width = 0, vocab = 0;
   std::string precision, device;
   bool cudnn_benchmark = false;  // --cudnn-benchmark: cuDNN autotunes the attention graphs
-  bool deterministic = false;    // --deterministic: tg::use_deterministic_algorithms(true)
+  bool nondeterministic = false;  // --nondeterministic: tg::use_deterministic_algorithms(false)
 };
 
 // Takes this program's flags out of argv; the rest go to tg::bench::parse_options.
@@ -57,8 +57,8 @@ Flags take_flags(int& argc, char** argv) {
       f.cudnn_benchmark = true;
       continue;
     }
-    if (std::strcmp(argv[i], "--deterministic") == 0) {
-      f.deterministic = true;
+    if (std::strcmp(argv[i], "--nondeterministic") == 0) {
+      f.nondeterministic = true;
       continue;
     }
     if (num("--batch", f.batch) || num("--seq", f.seq) || num("--layers", f.layers) || num("--heads", f.heads) ||
@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
   }
   const bool cuda = f.device == "cuda";
   if (cuda && f.cudnn_benchmark) tg::backends::cudnn::set_benchmark(true);
-  if (f.deterministic) tg::use_deterministic_algorithms(true);
+  if (f.nondeterministic) tg::use_deterministic_algorithms(false);
   gpt2::Config c = cuda ? gpt2::Config{.vocab_size = 50304}
                         : gpt2::Config{.n_layer = 2, .n_head = 2, .n_embd = 64, .block_size = 64, .vocab_size = 256};
   if (f.layers) c.n_layer = f.layers;

@@ -82,6 +82,10 @@ void check_linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // linear's backward, g (..., out). Input gradient: g @ weight (x's shape) in out_dtype.
 Tensor linear_grad_input(const Tensor& g, const Tensor& weight, DType out_dtype);
+// elementwise(bwd, g @ weight, x) in one GEMM whose epilogue applies bwd (an activation's backward
+// with x its saved input, of x's shape and g's dtype, contiguous), where the backend fuses it
+// (GeluTanhBackward, float16 / bfloat16); undefined (nothing done) where it does not.
+Tensor linear_grad_input_pointwise(const Tensor& g, const Tensor& weight, backend::ElemOp bwd, const Tensor& x);
 // Weight gradient g^T x summed over the leading dims, in w_dtype and in the weight's layout
 // (w_col_major: the transpose of a row-major [in, out]); bias gradient, g summed over the leading
 // dims, in b_dtype. Each only when asked (x is unused without the weight's). On CUDA with out <= 8
@@ -192,10 +196,11 @@ struct NormResult {
 };
 NormResult norm_forward(const char* op, const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                         const Tensor& bias, double eps, bool rms);
-// {grad_x, grad_weight, grad_bias}, each only when asked (else undefined).
+// {grad_x, grad_weight, grad_bias}, each only when asked (else undefined). grad_x_addend
+// (optional, x's shape and dtype): added into grad_x in the same pass.
 std::vector<Tensor> norm_backward(const Tensor& grad, const Tensor& x, const Shape& normalized_shape,
                                   const Tensor& weight, const Tensor& mean, const Tensor& rstd, bool rms, bool need_x,
-                                  bool need_weight, bool need_bias);
+                                  bool need_weight, bool need_bias, const Tensor& grad_x_addend = Tensor());
 // weight[index] of shape index.shape + [dim]; index int64 / int32 checked in [0, num) (not
 // during CUDA-graph capture).
 Tensor embedding(const Tensor& index, const Tensor& weight);

@@ -65,8 +65,13 @@ Tensor norm_op(const char* op, const Tensor& x, const Shape& ns, const Tensor& w
         if (autograd::creating_graph())
           return norm_backward_recorded(g, sx.unpack(), ns, has_w ? sw.unpack() : Tensor(), eps, rms,
                                         n.needs_input_grad(0), n.needs_input_grad(1), n.needs_input_grad(2));
-        return native::norm_backward(g, sx.unpack(), ns, has_w ? sw.unpack() : Tensor(), mean, rstd, rms,
-                                     n.needs_input_grad(0), n.needs_input_grad(1), n.needs_input_grad(2));
+        const Tensor x = sx.unpack();
+        // x's gradient from its other consumers (a residual connection's) is added as it is written.
+        const Tensor pending = n.needs_input_grad(0)
+                                   ? autograd::take_pending_grad(n, 0, x.sizes(), x.dtype(), x.device())
+                                   : Tensor();
+        return native::norm_backward(g, x, ns, has_w ? sw.unpack() : Tensor(), mean, rstd, rms,
+                                     n.needs_input_grad(0), n.needs_input_grad(1), n.needs_input_grad(2), pending);
       },
       autograd::kDifferentiable);
 }

@@ -32,9 +32,14 @@ Tensor unary_act(const char* name, const char* bwd_name, ElemOp bwd, const Tenso
                  double p0 = 0, double p1 = 0) {
   if (!should_record(a)) return out;
   SavedTensor s = save_output ? SavedTensor(out, name, Saved::kOutput) : SavedTensor(a, name);
-  return record(name, {a}, std::move(out), [s, bwd_name, bwd, p0, p1](const Tensor& g, const FunctionNode&) -> Grads {
+  Tensor res = record(name, {a}, std::move(out), [s, bwd_name, bwd, p0, p1](const Tensor& g, const FunctionNode&) -> Grads {
     return {autograd::bw::elementwise_backward(bwd_name, bwd, g, s.unpack(), p0, p1)};
   }, kDifferentiable);
+  // The same backward, described, for a producer of the gradient that applies it itself
+  // (a linear's GEMM epilogue: autograd::pointwise_next).
+  if (auto* node = dynamic_cast<FunctionNode*>(res.grad_fn().get()))
+    node->pointwise = autograd::PointwiseGrad{bwd_name, bwd, s, p0, p1};
+  return res;
 }
 }  // namespace
 

@@ -133,7 +133,19 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       }
       return {gx, gw, gb};
     }
-    if (n.needs_input_grad(0)) gx = native::linear_grad_input(g, sw.unpack(), grad_dtype_for(n, 0, g.dtype()));
+    if (const autograd::PointwiseGrad* pw = n.needs_input_grad(0) ? autograd::pointwise_next(n, 0) : nullptr) {
+      // The input came from an activation whose backward only this gradient feeds: apply it here,
+      // in the GEMM's epilogue where the backend has one (GELU's tanh form on cuBLASLt), so the
+      // activation's gradient is never stored; else right after the GEMM, as that node would.
+      const Tensor w = sw.unpack(), saved = pw->saved.unpack();
+      gx = native::linear_grad_input_pointwise(g, w, pw->op, saved);
+      if (!gx.defined())
+        gx = autograd::bw::elementwise_backward(pw->name, pw->op, native::linear_grad_input(g, w, g.dtype()), saved,
+                                                pw->p0, pw->p1);
+      autograd::absorb_next(n, 0);
+    } else if (n.needs_input_grad(0)) {
+      gx = native::linear_grad_input(g, sw.unpack(), grad_dtype_for(n, 0, g.dtype()));
+    }
     const bool need_w = n.needs_input_grad(1), need_b = n.needs_input_grad(2);
     if (need_w || need_b) {
       std::tie(gw, gb) = native::linear_grad_weight_bias(g, need_w ? sx.unpack() : Tensor(), need_w, w_col,

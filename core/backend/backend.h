@@ -150,12 +150,15 @@ struct ReduceArgs {
 enum class LossReduction : int8_t { None, Mean, Sum };
 
 // Work a gemm can fuse into its store (cuBLASLt epilogues), in GemmArgs' row-major terms.
-// The vector at epilogue_ptr is contiguous, of C's dtype.
+// The vector (or matrix) at epilogue_ptr is contiguous, of C's dtype.
 enum class GemmEpilogue : int8_t {
   None,
   Bias,      // C[i, j] += v[j] (n elements, read)
   RowSumsA,  // also v[i] = sum_p op(A)(i, p) (m elements, written: a bias gradient)
   ColSumsB,  // also v[j] = sum_p op(B)(p, j) (n elements, written)
+  // C[i, j] = gelu_tanh'(x[i, j]) * (A @ B)[i, j], x at epilogue_ptr m x n row-major (ld n, the
+  // saved input of a GELU whose gradient this gemm computes: ElemOp::GeluTanhBackward)
+  GeluTanhBackward,
 };
 
 // C[b] = A[b] @ B[b] in row-major terms, all of one floating dtype.
@@ -392,10 +395,12 @@ struct NormArgs {
 };
 // The gradients from the saved mean / rstd (rms: mean undefined). Each of grad_x,
 // grad_weight, grad_bias may be undefined (not wanted); defined ones are contiguous of x's
-// dtype. grad_out: contiguous [rows, cols] of x's dtype. rows >= 1.
+// dtype. grad_out: contiguous [rows, cols] of x's dtype. rows >= 1. grad_x_addend: undefined, or a
+// contiguous tensor like grad_x added into it as it is written (another consumer's gradient of x,
+// autograd::take_pending_grad).
 struct NormBackwardArgs {
   Tensor grad_out, x, weight, mean, rstd;
-  Tensor grad_x, grad_weight, grad_bias;
+  Tensor grad_x, grad_weight, grad_bias, grad_x_addend;
   int64_t rows = 0, cols = 0;
   bool rms = false;
 };

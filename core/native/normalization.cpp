@@ -90,15 +90,22 @@ NormResult norm_forward(const char* op, const Tensor& x, const Shape& ns, const 
 
 std::vector<Tensor> norm_backward(const Tensor& grad, const Tensor& x, const Shape& ns, const Tensor& weight,
                                   const Tensor& mean, const Tensor& rstd, bool rms, bool need_x, bool need_weight,
-                                  bool need_bias) {
+                                  bool need_bias, const Tensor& grad_x_addend) {
   const char* op = rms ? "rms_norm backward" : "layer_norm backward";
   const int64_t rows = norm_rows(op, x, ns);
   TG_CHECK(grad.sizes() == x.sizes(), op, ": grad of shape ", grad.sizes(), " for input of shape ", x.sizes());
+  const Tensor& add = grad_x_addend;
+  TG_CHECK(!add.defined() || (need_x && add.sizes() == x.sizes() && add.dtype() == x.dtype() &&
+                              add.device() == x.device()),
+           op, ": addend of shape ", add.defined() ? add.sizes().str() : std::string("-"), " ",
+           add.defined() ? add.dtype() : x.dtype(), " for input of shape ", x.sizes(), " ", x.dtype(), " on ",
+           x.device());
   std::vector<Tensor> out(3);
   if (need_x) out[0] = empty(x.sizes(), x.dtype(), x.device());
   if (need_weight && weight.defined()) out[1] = empty(ns, x.dtype(), x.device());
   if (need_bias && !rms) out[2] = empty(ns, x.dtype(), x.device());
   if (x.numel() == 0 || rows == 0) {
+    if (add.defined()) out[0] = add;
     if (out[1].defined()) native::fill_(out[1], 0);
     if (out[2].defined()) native::fill_(out[2], 0);
     return out;
@@ -113,6 +120,7 @@ std::vector<Tensor> norm_backward(const Tensor& grad, const Tensor& x, const Sha
   a.grad_x = out[0];
   a.grad_weight = out[1];
   a.grad_bias = out[2];
+  if (add.defined()) a.grad_x_addend = native::contiguous(add);
   a.rows = rows;
   a.cols = x.numel() / rows;
   a.rms = rms;

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <tapegrad/autograd/function.h>
+
 #include "tests/autograd/common.h"
 #include "tests/common/error_of.h"
 
@@ -252,6 +254,65 @@ TEST_P(Engine, InPlaceOnTensorsInTheGraphIsRefused) {
   EXPECT_NO_THROW(y.mul_(2.0));  // a non-leaf: recorded (tests/autograd/inplace_test.cpp)
   tg::NoGradGuard g;
   EXPECT_NO_THROW(autograd::check_inplace(x, "add_"));
+}
+
+// y = 3x with a backward that takes x's waiting gradient (take_pending_grad) and adds it in,
+// recording what it found in `seen`.
+Tensor triple_taking_pending(const Tensor& x, std::vector<Tensor>& seen) {
+  Tensor out = native::mul(x, Scalar(3.0));
+  if (!autograd::should_record(x)) return out;
+  return autograd::record(
+      "triple", {x}, std::move(out),
+      [&seen](const Tensor& g, const autograd::FunctionNode& n) -> std::vector<Tensor> {
+        Tensor mine = native::mul(g, Scalar(3.0));
+        Tensor pending = autograd::take_pending_grad(n, 0, mine.sizes(), mine.dtype(), mine.device());
+        // Only the node being run may take: another node's request is refused.
+        EXPECT_FALSE(autograd::take_pending_grad(*n.next_edges[0].fn, 0, mine.sizes(), mine.dtype(), mine.device())
+                         .defined());
+        seen.push_back(pending);
+        return {pending.defined() ? native::add(mine, pending) : mine};
+      },
+      autograd::Backward::kFirstOrder);
+}
+
+TEST_P(Engine, PendingGradientIsTakenOnceAndSummedByTheBackward) {
+  auto x = tg::tensor<double>({1, -2, 3}, f64().device(dev()));
+  x.requires_grad_();
+  std::vector<Tensor> seen;
+  // h's node waits for the mul's gradient and the triple's; the engine runs the add's last input's
+  // branch first (a stack), so the mul's arrives before triple runs.
+  Tensor h = x * 1.0;
+  Tensor y = triple_taking_pending(h, seen) + h * tg::tensor<double>({2, 5, 7}, f64().device(dev()));
+  y.backward(tg::tensor<double>({1, 10, 100}, f64().device(dev())));
+  ASSERT_EQ(seen.size(), 1u);
+  ASSERT_TRUE(seen[0].defined()) << "the mul's gradient of h was waiting when triple ran";
+  expect_near_vec(host(seen[0]), {2, 50, 700}, 0, 0, "pending = the other consumer's gradient");
+  expect_near_vec(host(x.grad()), {5, 80, 1000}, 1e-12, 0, "x's gradient: both consumers, each once");
+
+  // The other consumer's gradient reduced from a broadcast: taken once reduced to h's shape, and
+  // the leaf's .grad accumulates over both calls.
+  seen.clear();
+  Tensor hb = x * 1.0;
+  Tensor yb = triple_taking_pending(hb, seen).sum() + (hb.reshape({3, 1}) + tg::zeros({3, 2}, f64().device(dev()))).sum();
+  yb.backward();
+  ASSERT_EQ(seen.size(), 1u);
+  ASSERT_TRUE(seen[0].defined());
+  expect_near_vec(host(seen[0]), {2, 2, 2}, 0, 0, "the broadcast gradient, reduced");
+  expect_near_vec(host(x.grad()), {5 + 5, 80 + 5, 1000 + 5}, 1e-12, 0, "accumulated over both calls");
+
+  // Nothing is taken when it is the only gradient, nor outside the engine, nor under create_graph.
+  seen.clear();
+  triple_taking_pending(x * 1.0, seen).sum().backward();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_FALSE(seen[0].defined());
+  EXPECT_FALSE(autograd::take_pending_grad(*h.grad_fn(), 0, h.sizes(), h.dtype(), h.device()).defined());
+  seen.clear();
+  Tensor hc = x * 1.0;
+  auto gs = tg::autograd::grad({(triple_taking_pending(hc, seen) + hc * 2.0).sum()}, {x},
+                               tg::autograd::GradOptions{.create_graph = true});
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_FALSE(seen[0].defined()) << "create_graph sums with recorded ops";
+  expect_near_vec(host(gs[0]), {5, 5, 5}, 1e-12, 0, "create_graph gradient");
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, Engine, ::testing::Values(Dev::CPU, Dev::CUDA), dev_name);

@@ -119,6 +119,36 @@ TEST_P(Norm, ShapesAroundKernelBoundaries) {
   check_norm(GetParam(), kFloat16, 1000, 4096, true, 1e-2);
 }
 
+// y = x + norm(x): the residual's gradient waits when the norm's backward runs, which adds it
+// into grad x as it writes it (autograd::take_pending_grad); x's gradient is g + the norm's.
+void check_residual_norm(Dev dev, DType dt, int64_t rows, int64_t n, bool rms, double tol) {
+  const Device d = to_device(dev);
+  tg::manual_seed(5);
+  Tensor x = (tg::randn({rows, n}, kFloat64) * 2 - 0.25).to(d, dt).detach().requires_grad_(true);
+  Tensor w = tg::randn({n}, kFloat64).to(d, dt).detach().requires_grad_(true);
+  Tensor b = tg::randn({n}, kFloat64).to(d, dt).detach();
+  Tensor g = tg::randn({rows, n}, kFloat64).to(d, dt);
+  const double eps = 1e-5;
+  Tensor y = tg::add(x, rms ? F::rms_norm(x, {n}, w, eps) : F::layer_norm(x, {n}, w, b, eps));
+  y.backward(g);
+  const auto gr = host(g);
+  RefNorm ref = ref_norm(host(x), host(w), rms ? std::vector<double>{} : host(b), gr, rows, n, eps, rms);
+  for (size_t i = 0; i < gr.size(); ++i) ref.gx[i] += gr[i];
+  expect_near_vec(host(x.grad()), ref.gx, tol, tol, std::string("residual ") + (rms ? "rms_norm " : "layer_norm ") +
+                                                        dtype_name(dt) + " grad x");
+}
+
+TEST_P(Norm, ResidualGradientIsAddedByTheBackward) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  for (auto [rows, n] : std::vector<std::pair<int64_t, int64_t>>{{1500, 40}, {3, 768}, {3, 12288}, {3, 40000}}) {
+    SCOPED_TRACE(n);
+    check_residual_norm(GetParam(), kFloat32, rows, n, false, 2e-4);
+    check_residual_norm(GetParam(), kFloat32, rows, n, true, 2e-4);
+  }
+  check_residual_norm(GetParam(), kFloat64, 7, 33, false, 1e-10);
+  check_residual_norm(GetParam(), kBFloat16, 700, 256, false, 6e-2);
+}
+
 TEST_P(Norm, NonContiguousAndMultiDimShape) {
   TG_SKIP_WITHOUT_CUDA(GetParam());
   const Device d = to_device(GetParam());

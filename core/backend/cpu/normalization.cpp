@@ -98,6 +98,7 @@ void norm_backward(const backend::NormBackwardArgs& a) {
     const A* mean = a.mean.defined() ? static_cast<const A*>(a.mean.data_ptr()) : nullptr;
     const A* rstd = static_cast<const A*>(a.rstd.data_ptr());
     T* gx = a.grad_x.defined() ? static_cast<T*>(a.grad_x.data_ptr()) : nullptr;
+    const T* add = a.grad_x_addend.defined() ? static_cast<const T*>(a.grad_x_addend.data_ptr()) : nullptr;
     const bool want_w = a.grad_weight.defined(), want_b = a.grad_bias.defined();
     const int64_t n = a.cols, rows = a.rows;
     const int64_t chunks = std::min(rows, kRowChunks), per = (rows + chunks - 1) / chunks;
@@ -126,9 +127,11 @@ void norm_backward(const backend::NormBackwardArgs& a) {
           const A inv_n = A(1) / static_cast<A>(n);
           const A c1 = a.rms ? A(0) : s1 * inv_n, c2 = s2 * inv_n;
           T* gxr = gx + r * n;
+          const T* ar = add ? add + r * n : nullptr;
           for (int64_t j = 0; j < n; ++j) {
             const A xh = (static_cast<A>(xr[j]) - m) * rs;
-            gxr[j] = T(rs * (gy[j] - c1 - xh * c2));
+            const A v = rs * (gy[j] - c1 - xh * c2);
+            gxr[j] = T(ar ? v + static_cast<A>(ar[j]) : v);
           }
         }
       }

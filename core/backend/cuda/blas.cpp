@@ -144,8 +144,16 @@ cublasLtEpilogue_t lt_epilogue(backend::GemmEpilogue e) {
       return CUBLASLT_EPILOGUE_BGRADB;
     case backend::GemmEpilogue::ColSumsB:
       return CUBLASLT_EPILOGUE_BGRADA;
+    case backend::GemmEpilogue::GeluTanhBackward:
+      return CUBLASLT_EPILOGUE_DGELU;  // GELU's tanh form, as GELU_AUX stores its input
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// Where the epilogue's operand pointer goes: the bias vector, or the DGELU's saved input.
+cublasLtMatmulDescAttributes_t epilogue_pointer(backend::GemmEpilogue e) {
+  return e == backend::GemmEpilogue::GeluTanhBackward ? CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER
+                                                      : CUBLASLT_MATMUL_DESC_BIAS_POINTER;
 }
 
 // The plan for g, built on first use. A plan with an epilogue the library has no kernel for
@@ -190,8 +198,13 @@ const LtPlan& lt_plan(const backend::GemmArgs& g, int device) {
     // reads the pointer's alignment; each call sets its own pointer (same alignment class).
     const cublasLtEpilogue_t e = lt_epilogue(g.epilogue);
     TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)));
-    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.epilogue_ptr,
+    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, epilogue_pointer(g.epilogue), &g.epilogue_ptr,
                                                    sizeof(g.epilogue_ptr)));
+    if (g.epilogue == backend::GemmEpilogue::GeluTanhBackward) {
+      // The saved input is laid out as D (column-major n x m, ld n), in D's type (the default).
+      const int64_t ld = g.n;
+      TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+    }
   }
   // Column-major views: our B is n x k (k x n stored when transposed), our A is k x m (m x k), C is n x m.
   plan->a = g.trans_b ? make_layout(type, g.k, g.n, g.ldb, g.batch, g.stride_b)
@@ -403,7 +416,7 @@ void gemm(const backend::GemmArgs& g) {
     return;
   }
   std::lock_guard<std::mutex> lock(plan.mu);
-  TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.epilogue_ptr,
+  TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.get(), epilogue_pointer(g.epilogue), &g.epilogue_ptr,
                                                  sizeof(g.epilogue_ptr)));
   TG_CUBLAS_CHECK(cublasLtMatmul(lt, plan.desc.get(), &alpha, g.b, plan.a.get(), g.a, plan.b.get(), &beta, g.c,
                                  plan.c.get(), g.c, plan.c.get(), &plan.algo, ws, ws_size, stream));

@@ -154,8 +154,8 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_
 template <class T, int V, int K, bool G32>
 __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
                                 const nacc_t<T>* __restrict__ mean, const nacc_t<T>* __restrict__ rstd,
-                                T* __restrict__ dx, nacc_t<T>* __restrict__ pw, nacc_t<T>* __restrict__ pb,
-                                int64_t rows, int cols, bool rms) {
+                                T* __restrict__ dx, const T* __restrict__ add, nacc_t<T>* __restrict__ pw,
+                                nacc_t<T>* __restrict__ pb, int64_t rows, int cols, bool rms) {
   using A = nacc_t<T>;
   using P = NPack<T, V>;
   __shared__ A red[32];
@@ -229,14 +229,16 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
       for (int k = 0; k < K; ++k) {
         const int v = t + k * G;
         if (v < nvec) {
-          P wv, o;
+          P wv, o, av;
           if (w) wv = reinterpret_cast<const P*>(w)[v];
+          if (add) av = reinterpret_cast<const P*>(add + row * cols)[v];
 #pragma unroll
           for (int e = 0; e < V; ++e) {
             const A gv = cast<A>(gb[k].v[e]);
             const A gy = w ? gv * cast<A>(wv.v[e]) : gv;
             const A xh = (cast<A>(xb[k].v[e]) - m) * rs;
-            o.v[e] = cast<T>(rs * (gy - s1 - xh * s2));
+            const A r = rs * (gy - s1 - xh * s2);
+            o.v[e] = cast<T>(add ? r + cast<A>(av.v[e]) : r);
           }
           dr[v] = o;
         }
@@ -381,7 +383,8 @@ __global__ void __launch_bounds__(1024) norm_fwd_long_kernel(const T* __restrict
 template <class T, int V>
 __global__ void __launch_bounds__(1024) norm_bwd_long_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
                                      const nacc_t<T>* __restrict__ mean, const nacc_t<T>* __restrict__ rstd,
-                                     T* __restrict__ dx, int64_t rows, int64_t cols, bool rms) {
+                                     T* __restrict__ dx, const T* __restrict__ add, int64_t rows, int64_t cols,
+                                     bool rms) {
   using A = nacc_t<T>;
   using P = NPack<T, V>;
   __shared__ A red[32];
@@ -407,15 +410,18 @@ __global__ void __launch_bounds__(1024) norm_bwd_long_kernel(const T* __restrict
     s1 = rms ? A(0) : group_sum<false>(s1, red) * inv_n;
     s2 = group_sum<false>(s2, red) * inv_n;
     P* dr = reinterpret_cast<P*>(dx + row * cols);
+    const P* ar = add ? reinterpret_cast<const P*>(add + row * cols) : nullptr;
     for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
       const P xp = xr[v], gp = gr[v];
-      P wv, o;
+      P wv, o, av;
       if (w) wv = reinterpret_cast<const P*>(w)[v];
+      if (ar) av = ar[v];
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const A gv = cast<A>(gp.v[e]);
         const A gy = w ? gv * cast<A>(wv.v[e]) : gv;
-        o.v[e] = cast<T>(rs * (gy - s1 - (cast<A>(xp.v[e]) - m) * rs * s2));
+        const A r = rs * (gy - s1 - (cast<A>(xp.v[e]) - m) * rs * s2);
+        o.v[e] = cast<T>(ar ? r + cast<A>(av.v[e]) : r);
       }
       dr[v] = o;
     }
@@ -581,7 +587,9 @@ void norm_backward(const backend::NormBackwardArgs& a) {
     const T* x = static_cast<const T*>(a.x.data_ptr());
     const T* w = a.weight.defined() ? static_cast<const T*>(a.weight.data_ptr()) : nullptr;
     T* dx = a.grad_x.defined() ? static_cast<T*>(a.grad_x.data_ptr()) : nullptr;
-    const bool aligned = aligned16(g) && aligned16(x) && (!w || aligned16(w)) && (!dx || aligned16(dx));
+    const T* add = a.grad_x_addend.defined() ? static_cast<const T*>(a.grad_x_addend.data_ptr()) : nullptr;
+    const bool aligned = aligned16(g) && aligned16(x) && (!w || aligned16(w)) && (!dx || aligned16(dx)) &&
+                         (!add || aligned16(add));
     const NormPlan p = plan(a.rows, a.cols, V, aligned, device);
     const A* mean = a.mean.defined() ? static_cast<const A*>(a.mean.data_ptr()) : nullptr;
     const A* rstd = static_cast<const A*>(a.rstd.data_ptr());
@@ -603,9 +611,11 @@ void norm_backward(const backend::NormBackwardArgs& a) {
       if (dx) {
         const auto grid = static_cast<unsigned>(p.grid);
         if (p.vec == V)
-          norm_bwd_long_kernel<T, V><<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, a.rows, a.cols, a.rms);
+          norm_bwd_long_kernel<T, V><<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, add, a.rows, a.cols,
+                                                                        a.rms);
         else
-          norm_bwd_long_kernel<T, 1><<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, a.rows, a.cols, a.rms);
+          norm_bwd_long_kernel<T, 1><<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, add, a.rows, a.cols,
+                                                                        a.rms);
         TG_CUDA_CHECK_LAUNCH();
       }
       if (want_w || want_b) {
@@ -622,10 +632,10 @@ void norm_backward(const backend::NormBackwardArgs& a) {
           if (smem > 48 * 1024)
             TG_CUDA_CHECK(
                 cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-          kern<<<grid, p.threads, smem, stream>>>(g, x, w, mean, rstd, dx, pw, pb, a.rows, static_cast<int>(a.cols),
-                                                  a.rms);
+          kern<<<grid, p.threads, smem, stream>>>(g, x, w, mean, rstd, dx, add, pw, pb, a.rows,
+                                                  static_cast<int>(a.cols), a.rms);
         } else {
-          norm_bwd_kernel<T, VV, KK, false><<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, pw, pb, a.rows,
+          norm_bwd_kernel<T, VV, KK, false><<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, add, pw, pb, a.rows,
                                                                             static_cast<int>(a.cols), a.rms);
         }
         TG_CUDA_CHECK_LAUNCH();
