@@ -13,6 +13,7 @@
 //   tg_bench_gpt2 --layers 4 --heads 4 --width 256 --vocab 50304 --precision fp32 --reps 10
 //   tg_bench_gpt2 --cudnn-benchmark        # cuDNN autotunes the SDPA graphs at their first call
 //   tg_bench_gpt2 --nondeterministic       # use_deterministic_algorithms(false): atomics in SDPA backward, embedding
+//   tg_bench_gpt2 --unfused-bias-grad      # linear bias gradients as reductions, not cuBLASLt BGRAD epilogues
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include <tapegrad/core/native.h>
 #include <tapegrad/tapegrad.h>
 #include "benchmarks/bench_util.h"
 #include "examples/gpt2.h"
@@ -32,6 +34,7 @@ struct Flags {
   std::string precision, device;
   bool cudnn_benchmark = false;  // --cudnn-benchmark: cuDNN autotunes the attention graphs
   bool nondeterministic = false;  // --nondeterministic: tg::use_deterministic_algorithms(false)
+  bool unfused_bias_grad = false;  // --unfused-bias-grad: bias gradients as reductions, not GEMM epilogues
 };
 
 // Takes this program's flags out of argv; the rest go to tg::bench::parse_options.
@@ -59,6 +62,10 @@ Flags take_flags(int& argc, char** argv) {
     }
     if (std::strcmp(argv[i], "--nondeterministic") == 0) {
       f.nondeterministic = true;
+      continue;
+    }
+    if (std::strcmp(argv[i], "--unfused-bias-grad") == 0) {
+      f.unfused_bias_grad = true;
       continue;
     }
     if (num("--batch", f.batch) || num("--seq", f.seq) || num("--layers", f.layers) || num("--heads", f.heads) ||
@@ -192,6 +199,7 @@ int main(int argc, char** argv) {
   const bool cuda = f.device == "cuda";
   if (cuda && f.cudnn_benchmark) tg::backends::cudnn::set_benchmark(true);
   if (f.nondeterministic) tg::use_deterministic_algorithms(false);
+  if (f.unfused_bias_grad) tg::native::set_fuse_bias_grad(false);
   gpt2::Config c = cuda ? gpt2::Config{.vocab_size = 50304}
                         : gpt2::Config{.n_layer = 2, .n_head = 2, .n_embd = 64, .block_size = 64, .vocab_size = 256};
   if (f.layers) c.n_layer = f.layers;

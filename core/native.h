@@ -95,7 +95,8 @@ Tensor linear_grad_input_pointwise(const Tensor& g, const Tensor& weight, backen
 std::pair<Tensor, Tensor> linear_grad_weight_bias(const Tensor& g, const Tensor& x, bool need_w, bool w_col_major,
                                                   DType w_dtype, bool need_b, DType b_dtype);
 // Whether linear's backward may fuse the bias gradient into the weight gemm (cuBLASLt's BGRAD
-// epilogues). On by default; TG_FUSE_BIAS_GRAD=0 in the environment starts it off (A/B timing).
+// epilogues; taken for gradients of up to 2^20 elements). On by default; TG_FUSE_BIAS_GRAD=0 in
+// the environment starts it off (A/B timing).
 void set_fuse_bias_grad(bool on);
 bool fuse_bias_grad();
 // Whether linear's backward may take that one-launch path for few outputs. On by default;

@@ -284,6 +284,24 @@ TEST_P(LinearOp, Dispatches) {
   }
 }
 
+// A gradient over 2^20 elements takes the bias gradient as its own reduction even where the
+// epilogue exists (faster there: native::linear_grad_weight_bias), with the same values.
+TEST_P(LinearOp, LargeGradientBiasIsAReduction) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  auto opts = TensorOptions().dtype(kBFloat16).device(dev());
+  tg::manual_seed(4);
+  Tensor x = tg::randn({4096, 64}, opts), w = tg::randn({320, 64}, opts).requires_grad_();
+  Tensor b = tg::randn({320}, opts).requires_grad_(), g = tg::randn({4096, 320}, opts);  // 1.3M elements
+  Tensor y = tg::linear(x, w, b);
+  const uint64_t c0 = backend::dispatch_count();
+  y.backward(g);
+  EXPECT_EQ(backend::dispatch_count() - c0, 2u) << "weight gemm + bias reduction";
+  std::vector<double> gb(320, 0.0);
+  const auto gh = host(g);
+  for (size_t i = 0; i < gh.size(); ++i) gb[i % 320] += gh[i];
+  expect_near_vec(host(b.grad()), gb, 0.5, 1e-2, "bias gradient of 4096 rows (bf16)");
+}
+
 // float32 on CUDA honours tg::set_allow_tf32: off, float accuracy; on, TF32's 10-bit inputs
 // show (and stay within TF32's bound).
 TEST_P(LinearOp, Tf32Flag) {
