@@ -130,6 +130,34 @@ TEST_P(GeneralOps, UnaryGradientsAgainstDerivative) {
   }
 }
 
+// GELU's tanh form on float16 / bfloat16 tensors (CUDA: x sigma(2u) on the hardware exp and
+// reciprocal) over the whole useful range, values and gradients, against float64 from the rounded
+// inputs: within one rounding of the storage type (2e-6 absolute: float arithmetic near 0), and
+// exactly 0 / x far out.
+TEST_P(GeneralOps, GeluTanhHalfValuesAndGradientsOverTheRange) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  std::vector<double> xs;
+  for (int i = 0; i < 481; ++i) xs.push_back(-12.0 + 0.05 * i);
+  for (DType dt : {kFloat16, kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const double ulp = dt == kFloat16 ? 0x1p-11 : 0x1p-8;  // half an ulp, relative
+    Tensor x = tg::tensor<double>(xs, {481}).to(dev(), dt).detach().requires_grad_(true);
+    Tensor g = tg::tensor<double>(std::vector<double>(481, 1.0), {481}).to(dev(), dt);
+    Tensor y = x.gelu("tanh");
+    y.backward(g);
+    const std::vector<double> xr = host(x), got = host(y), gx = host(x.grad());
+    for (size_t i = 0; i < xr.size(); ++i) {
+      const double want = gelu_tanh_ref(xr[i]), dwant = gelu_tanh_dref(xr[i]);
+      EXPECT_NEAR(got[i], want, 2 * ulp * std::abs(want) + 2e-6) << "gelu(" << xr[i] << ")";
+      EXPECT_NEAR(gx[i], dwant, 2 * ulp * std::abs(dwant) + 2e-6) << "gelu'(" << xr[i] << ")";
+    }
+    EXPECT_EQ(got.front(), 0.0);
+    EXPECT_EQ(got.back(), 12.0);
+    EXPECT_EQ(gx.front(), 0.0);
+    EXPECT_EQ(gx.back(), 1.0);
+  }
+}
+
 TEST_P(GeneralOps, UnaryMathOfIntegersComputesInFloat32) {
   TG_SKIP_WITHOUT_CUDA(GetParam());
   Tensor i = tg::tensor<int64_t>(std::vector<int64_t>{1, 4, 9}, TensorOptions(kInt64).device(dev()));

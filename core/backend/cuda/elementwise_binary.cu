@@ -85,7 +85,7 @@ bool elementwise_binary(ElemOp op, const ElementwiseIter& it) {
     // ---- issue 15: general ops
     TG_BINARY(RsqrtBackward, kFloats, RsqrtBackwardF<T>{})
     TG_BINARY(SiluBackward, kFloats, SiluBackwardF<T>{})
-    TG_BINARY(GeluTanhBackward, kFloats, GeluTanhBackwardF<T>{})
+    TG_BINARY(GeluTanhBackward, kFloats, GeluTanhBackwardF<T, sizeof(S) == 2>{})
     TG_BINARY(SoftplusBackward, kFloats, SoftplusBackwardF<T>{param<T>(it, 0), param<T>(it, 1)})
     TG_BINARY(LeakyReluBackward, kFloats, LeakyReluBackwardF<T>{param<T>(it, 0)})
     TG_BINARY(EluBackward, kFloats, EluBackwardF<T>{param<T>(it, 0)})

@@ -60,7 +60,7 @@ bool elementwise_unary(ElemOp op, const ElementwiseIter& it) {
     TG_UNARY(Cos, kFloats, CosF<T>{})
     TG_UNARY(Rsqrt, kFloats, RsqrtF<T>{})
     TG_UNARY(Silu, kFloats, SiluF<T>{})
-    TG_UNARY(GeluTanh, kFloats, GeluTanhF<T>{})
+    TG_UNARY(GeluTanh, kFloats, GeluTanhF<T, sizeof(S) == 2>{})
     TG_UNARY(Softplus, kFloats, SoftplusF<T>{param<T>(it, 0), param<T>(it, 1)})
     TG_UNARY(LeakyRelu, kFloats, LeakyReluF<T>{param<T>(it, 0)})
     TG_UNARY(Elu, kFloats, EluF<T>{param<T>(it, 0)})
