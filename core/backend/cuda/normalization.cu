@@ -151,7 +151,9 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_
 
 // dx per row, and per-block partial sums of dw (g * xhat) and db (g) over the block's rows:
 // pw / pb [gridDim.x, cols] (null when not wanted). smem: 2 * cols accumulators (warp mode).
-template <class T, int V, int K, bool G32>
+// ADD: dx += add (the caller's addend, NormBackwardArgs::grad_x_addend), a template flag so that
+// the plain kernels keep their registers.
+template <class T, int V, int K, bool G32, bool ADD>
 __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
                                 const nacc_t<T>* __restrict__ mean, const nacc_t<T>* __restrict__ rstd,
                                 T* __restrict__ dx, const T* __restrict__ add, nacc_t<T>* __restrict__ pw,
@@ -231,14 +233,17 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
         if (v < nvec) {
           P wv, o, av;
           if (w) wv = reinterpret_cast<const P*>(w)[v];
-          if (add) av = reinterpret_cast<const P*>(add + row * cols)[v];
+          if constexpr (ADD) av = reinterpret_cast<const P*>(add + row * cols)[v];
 #pragma unroll
           for (int e = 0; e < V; ++e) {
             const A gv = cast<A>(gb[k].v[e]);
             const A gy = w ? gv * cast<A>(wv.v[e]) : gv;
             const A xh = (cast<A>(xb[k].v[e]) - m) * rs;
             const A r = rs * (gy - s1 - xh * s2);
-            o.v[e] = cast<T>(add ? r + cast<A>(av.v[e]) : r);
+            if constexpr (ADD)
+              o.v[e] = cast<T>(r + cast<A>(av.v[e]));
+            else
+              o.v[e] = cast<T>(r);
           }
           dr[v] = o;
         }
@@ -628,15 +633,16 @@ void norm_backward(const backend::NormBackwardArgs& a) {
         constexpr int VV = decltype(vt)::value, KK = decltype(kt)::value;
         const auto grid = static_cast<unsigned>(p.grid);
         if (p.warp) {
-          auto kern = norm_bwd_kernel<T, VV, KK, true>;
+          auto kern = add ? norm_bwd_kernel<T, VV, KK, true, true> : norm_bwd_kernel<T, VV, KK, true, false>;
           if (smem > 48 * 1024)
             TG_CUDA_CHECK(
                 cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
           kern<<<grid, p.threads, smem, stream>>>(g, x, w, mean, rstd, dx, add, pw, pb, a.rows,
                                                   static_cast<int>(a.cols), a.rms);
         } else {
-          norm_bwd_kernel<T, VV, KK, false><<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, add, pw, pb, a.rows,
-                                                                            static_cast<int>(a.cols), a.rms);
+          auto kern = add ? norm_bwd_kernel<T, VV, KK, false, true> : norm_bwd_kernel<T, VV, KK, false, false>;
+          kern<<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, add, pw, pb, a.rows, static_cast<int>(a.cols),
+                                               a.rms);
         }
         TG_CUDA_CHECK_LAUNCH();
       });
