@@ -289,6 +289,19 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
         std::none_of(ready.begin(), ready.end(), [&](const auto& p) { return p.get() == e.fn.get(); }))
       ready.push_back(e.fn);
 
+  // A node's results go to its next nodes, each ready once its last incoming edge is done.
+  auto send_on = [&](const Node& node, std::vector<Tensor>& outs) {
+    for (size_t i = 0; i < node.next_edges.size(); ++i) {
+      const Edge& e = node.next_edges[i];
+      if (!e.fn) continue;
+      if (i < outs.size() && outs[i].defined()) deliver(e, std::move(outs[i]));
+      auto d = deps.find(e.fn.get());
+      if (--d->second == 0) {
+        deps.erase(d);
+        ready.push_back(e.fn);
+      }
+    }
+  };
   while (!ready.empty()) {
     std::shared_ptr<Node> node = std::move(ready.back());
     ready.pop_back();
@@ -297,16 +310,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
       precomputed.erase(pc);
       buffers.erase(node.get());
       if (!retain_graph) node->release_saved();
-      for (size_t i = 0; i < node->next_edges.size(); ++i) {
-        const Edge& e = node->next_edges[i];
-        if (!e.fn) continue;
-        if (i < outs.size() && outs[i].defined()) deliver(e, std::move(outs[i]));
-        auto d = deps.find(e.fn.get());
-        if (--d->second == 0) {
-          deps.erase(d);
-          ready.push_back(e.fn);
-        }
-      }
+      send_on(*node, outs);
       continue;
     }
     std::vector<Tensor> buf;
@@ -360,16 +364,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
       TG_CHECK(outs.empty() || outs.size() == node->next_edges.size(), node->name(), ": backward returned ",
                outs.size(), " gradients for ", node->next_edges.size(), " inputs");
     }
-    for (size_t i = 0; i < node->next_edges.size(); ++i) {
-      const Edge& e = node->next_edges[i];
-      if (!e.fn) continue;
-      if (i < outs.size() && outs[i].defined()) deliver(e, std::move(outs[i]));
-      auto d = deps.find(e.fn.get());
-      if (--d->second == 0) {
-        deps.erase(d);
-        ready.push_back(e.fn);
-      }
-    }
+    send_on(*node, outs);
   }
   return results;
 }
