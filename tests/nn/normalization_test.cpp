@@ -5,6 +5,8 @@
 #include <set>
 #include <vector>
 
+#include <tapegrad/core/backend/backend.h>
+
 #include "tests/autograd/common.h"
 
 namespace tg::testing {
@@ -147,6 +149,32 @@ TEST_P(Norm, ResidualGradientIsAddedByTheBackward) {
   }
   check_residual_norm(GetParam(), kFloat64, 7, 33, false, 1e-10);
   check_residual_norm(GetParam(), kBFloat16, 700, 256, false, 6e-2);
+}
+
+// The residual's gradient goes into layer_norm's backward kernel: no separate sum. Counted in
+// backend dispatches against the same graph whose second gradient arrives only after the norm
+// ran (through x * 1, a node the engine reaches after the norm's: it runs the add's last input's
+// branch first), where the engine must add the two itself.
+TEST_P(Norm, ResidualGradientCostsNoExtraPass) {
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  const Device d = to_device(GetParam());
+  Tensor x = tg::randn({64, 96}, TensorOptions(kFloat32).device(d)).requires_grad_(true);
+  Tensor g = tg::randn({64, 96}, TensorOptions(kFloat32).device(d));
+  auto backward_dispatches = [&](const Tensor& y) {
+    const uint64_t c0 = backend::dispatch_count();
+    y.backward(g);
+    return backend::dispatch_count() - c0;
+  };
+  Tensor y = tg::add(x, F::layer_norm(x, {96}, Tensor(), Tensor(), 1e-5));
+  const uint64_t folded = backward_dispatches(y);
+  const auto g1 = host(x.grad());
+  x.mutable_grad() = Tensor();
+  Tensor y2 = tg::add(x * 1.0, F::layer_norm(x, {96}, Tensor(), Tensor(), 1e-5));
+  const uint64_t summed = backward_dispatches(y2);
+  expect_near_vec(host(x.grad()), g1, 1e-6, 1e-6, "same gradient both ways");
+  EXPECT_LT(folded, summed) << "the residual's gradient added by the norm's kernel, not by a sum";
+  std::printf("[ info ] x + layer_norm(x) backward: %llu dispatches (%llu when summed by the engine)\n",
+              static_cast<unsigned long long>(folded), static_cast<unsigned long long>(summed));
 }
 
 TEST_P(Norm, NonContiguousAndMultiDimShape) {
