@@ -164,8 +164,6 @@ struct Slot {
 };
 using Buffers = std::unordered_map<Node*, std::vector<Slot>>;
 
-// The node whose backward runs now on this thread and the reverse pass's buffers
-// (take_pending_grad); saved and restored around each call, so nested passes see their own.
 // The node whose backward runs now on this thread and the reverse pass's state it may look at
 // (take_pending_grad, pointwise_next); saved and restored around each call, so nested passes see
 // their own. `absorbed`: the edges whose next node the running backward applied (absorb_next).
