@@ -205,6 +205,39 @@ TEST(ClipGradNorm, HundredsOfTensorsOfThreeDtypes) {
   }
 }
 
+// Millions of elements on CUDA, in tensors larger than a block's range, with one gradient that
+// starts 4 bytes past a 16-byte boundary (a view at offset 1; its pieces take the scalar path).
+// Every dtype and norm against float64, the scale bit for bit, and the norm after clipping is
+// coef times the norm before (the scale reached every element).
+TEST(ClipGradNormCuda, MillionsOfElementsInLargeTensors) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const Device dev(kCUDA, 0);
+  const std::vector<int64_t> sizes = {3'000'001, 17, 5'000'000, 777'777};
+  for (DType dt : {kFloat32, kBFloat16, kFloat64}) {
+    for (double p : {2.0, 1.0, kInf}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " p=" + std::to_string(p));
+      std::vector<Tensor> ps = make_params(sizes, dt, dev, 41);
+      Tensor base = (randn({1'234'568}) * 3).to(dt).to(dev);
+      Tensor odd = zeros({1'234'567}, TensorOptions().dtype(dt).device(dev)).requires_grad_();
+      odd.mutable_grad() = base.slice(0, 1, 1'234'568);
+      ASSERT_TRUE(odd.grad().is_contiguous());
+      ps.insert(ps.begin() + 2, odd);
+      const auto before = grads_of(ps);
+      const double ref = ref_norm(before, p);
+      const double tol = dt == kFloat64 ? 1e-12 : dt == kFloat32 ? 2e-5 : 8e-3;
+      const double max_norm = ref * 0.3;
+      Tensor total = clip_grad_norm_(ps, max_norm, p);
+      EXPECT_EQ(total.dtype(), dt);
+      EXPECT_NEAR(total.item<double>(), ref, tol * ref);
+      const auto after = grads_of(ps);
+      const double coef = coef_for(max_norm, total);
+      EXPECT_LT(coef, 0.31);
+      expect_scaled(before, after, coef, dtypes_of(ps));
+      EXPECT_NEAR(ref_norm(after, p), coef * ref, 2 * tol * coef * ref);
+    }
+  }
+}
+
 TEST(ClipGradNorm, MaxNormAboveTheNormLeavesGradientsBitForBit) {
   for (Device dev : devices()) {
     SCOPED_TRACE(dev.str());
