@@ -38,24 +38,36 @@ constexpr int kWarpRowsPerBlock = 4;  // warp mode: 4 rows (warps) per 128-threa
 // it the K >= 4 forms spill a little (correct, slower: a plan by registers is the follow-up).
 constexpr int kMaxK = 8;              // most 16-byte vectors per thread kept in registers
 
-// Sum over the group: a warp (G32) or the whole block. red: blockDim.x / 32 slots.
-template <bool G32, class A>
-__device__ __forceinline__ A group_sum(A v, A* red) {
+// The row kernels' reductions: sums of N values over the group with one barrier (block mode).
+// red holds two buffers of N x 32 slots used by alternate calls (buf = 0, 1, 0, ...): a call
+// writes its buffer only after every thread passed the previous call's barrier, so after every
+// read of that buffer two calls ago. Within a warp and then across the warps' partial sums the
+// values are added by an xor-shuffle tree in a fixed order (bit-reproducible; float addition is
+// commutative, so every lane ends with the same bits).
+template <int N, class A>
+__device__ __forceinline__ void warp_sums(A (&v)[N]) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if constexpr (G32) {
-    return v;
-  } else {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    __syncthreads();  // the previous use of red is over
-    if (lane == 0) red[w] = v;
-    __syncthreads();
-    A s = 0;
-    for (int i = 0; i < nw; ++i) s += red[i];
-    return s;
+  for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
   }
 }
-
+template <bool G32, int N, class A>
+__device__ __forceinline__ void group_sums(A (&v)[N], A* red, int buf) {
+  warp_sums(v);
+  if constexpr (!G32) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    A* r = red + buf * N * 32;
+    if (lane == 0) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) r[i * 32 + w] = v[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = lane < nw ? r[i * 32 + lane] : A(0);
+    warp_sums(v);
+  }
+}
 // One row per group (G32: a warp, for rows of <= 64 vectors; else the block); K vectors of V
 // elements per thread.
 template <class T, int V, int K, bool G32>
@@ -64,7 +76,8 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_
                                 int64_t rows, int cols, nacc_t<T> eps, bool rms) {
   using A = nacc_t<T>;
   using P = NPack<T, V>;
-  __shared__ A red[32];
+  __shared__ A red[2 * 32];      // group_sums of 1 value: 2 buffers
+  int it = 0;                     // which buffer the next reduction uses
   const int G = G32 ? 32 : blockDim.x;
   const int groups_per_block = G32 ? blockDim.x / 32 : 1;
   const int t = G32 ? (threadIdx.x & 31) : threadIdx.x;
@@ -100,12 +113,17 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_
         }
       }
     }
-    s = group_sum<G32>(s, red);
     A mean = 0, var;
     if (rms) {
-      var = s * inv_n;
+      A v1[1] = {s};
+      group_sums<G32>(v1, red, it);
+      var = v1[0] * inv_n;
     } else {
-      mean = s * inv_n;
+      // Two passes over the registers: the mean, then the squared deviations from it.
+      A v1[1] = {s};
+      group_sums<G32>(v1, red, it);
+      it ^= 1;
+      mean = v1[0] * inv_n;
       A ss = 0;
 #pragma unroll
       for (int k = 0; k < K; ++k) {
@@ -117,8 +135,11 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_
           }
         }
       }
-      var = group_sum<G32>(ss, red) * inv_n;
+      A v2[1] = {ss};
+      group_sums<G32>(v2, red, it);
+      var = v2[0] * inv_n;
     }
+    it ^= 1;
     const A rstd = A(1) / sqrt(var + eps);
     if (t == 0) {
       if (mean_out) mean_out[row] = mean;
@@ -160,7 +181,8 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
                                 nacc_t<T>* __restrict__ pb, int64_t rows, int cols, bool rms) {
   using A = nacc_t<T>;
   using P = NPack<T, V>;
-  __shared__ A red[32];
+  __shared__ A red[2 * 2 * 32];  // group_sums of 2 values: 2 buffers
+  int it = 0;
   extern __shared__ unsigned char smem_raw[];
   const int G = G32 ? 32 : blockDim.x;
   const int groups_per_block = G32 ? blockDim.x / 32 : 1;
@@ -224,8 +246,11 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
       }
     }
     if (dx) {
-      s1 = rms ? A(0) : group_sum<G32>(s1, red) * inv_n;
-      s2 = group_sum<G32>(s2, red) * inv_n;
+      A v2[2] = {s1, s2};
+      group_sums<G32>(v2, red, it);
+      it ^= 1;
+      s1 = rms ? A(0) : v2[0] * inv_n;
+      s2 = v2[1] * inv_n;
       P* dr = reinterpret_cast<P*>(dx + row * cols);
 #pragma unroll
       for (int k = 0; k < K; ++k) {
@@ -329,7 +354,8 @@ __global__ void __launch_bounds__(1024) norm_fwd_long_kernel(const T* __restrict
                                      bool rms) {
   using A = nacc_t<T>;
   using P = NPack<T, V>;
-  __shared__ A red[32];
+  __shared__ A red[2 * 32];  // group_sums of 1 value: 2 buffers
+  int it = 0;
   const int64_t nvec = cols / V;
   const A inv_n = A(1) / static_cast<A>(cols);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -343,7 +369,10 @@ __global__ void __launch_bounds__(1024) norm_fwd_long_kernel(const T* __restrict
         s += rms ? xv * xv : xv;
       }
     }
-    s = group_sum<false>(s, red);
+    A v1[1] = {s};
+    group_sums<false>(v1, red, it);
+    it ^= 1;
+    s = v1[0];
     A mean = 0, var;
     if (rms) {
       var = s * inv_n;
@@ -358,7 +387,10 @@ __global__ void __launch_bounds__(1024) norm_fwd_long_kernel(const T* __restrict
           ss += d * d;
         }
       }
-      var = group_sum<false>(ss, red) * inv_n;
+      A v2[1] = {ss};
+      group_sums<false>(v2, red, it);
+      it ^= 1;
+      var = v2[0] * inv_n;
     }
     const A rstd = A(1) / sqrt(var + eps);
     if (threadIdx.x == 0) {
@@ -392,7 +424,8 @@ __global__ void __launch_bounds__(1024) norm_bwd_long_kernel(const T* __restrict
                                      bool rms) {
   using A = nacc_t<T>;
   using P = NPack<T, V>;
-  __shared__ A red[32];
+  __shared__ A red[2 * 2 * 32];  // group_sums of 2 values: 2 buffers
+  int it = 0;
   const int64_t nvec = cols / V;
   const A inv_n = A(1) / static_cast<A>(cols);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -412,8 +445,11 @@ __global__ void __launch_bounds__(1024) norm_bwd_long_kernel(const T* __restrict
         s2 += gy * (cast<A>(xp.v[e]) - m) * rs;
       }
     }
-    s1 = rms ? A(0) : group_sum<false>(s1, red) * inv_n;
-    s2 = group_sum<false>(s2, red) * inv_n;
+    A v2[2] = {s1, s2};
+    group_sums<false>(v2, red, it);
+    it ^= 1;
+    s1 = rms ? A(0) : v2[0] * inv_n;
+    s2 = v2[1] * inv_n;
     P* dr = reinterpret_cast<P*>(dx + row * cols);
     const P* ar = add ? reinterpret_cast<const P*>(add + row * cols) : nullptr;
     for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
