@@ -492,7 +492,7 @@ TEST(SoftmaxCuda, CrossEntropyFusedPathsMatchReference) {
       SCOPED_TRACE("C " + std::to_string(c) + " " + dtype_name(dt));
       const int64_t n = 7;
       std::vector<int64_t> t(n);
-      for (int64_t i = 0; i < n; ++i) t[i] = i == 3 ? -100 : (i * 7919) % c;
+      for (int64_t i = 0; i < n; ++i) t[i] = i == 3 ? -100 : i == 5 ? c - 1 : (i * 7919) % c;  // 0 and c - 1 too
       std::vector<double> w(static_cast<size_t>(c));
       for (int64_t j = 0; j < c; ++j) w[j] = 0.5 + (j % 5) * 0.25;
       Tensor x = (tg::randn({n, c}, kCUDA) * 3.0).to(dt);
@@ -517,6 +517,14 @@ TEST(SoftmaxCuda, CrossEntropyFusedPathsMatchReference) {
           std::vector<double> want3 = ref.grad;
           for (double& v : want3) v *= 3.0;
           expect_near_vec(host(x2.grad()), want3, 3e-6, tol * 2, "backward kernel");
+          // a negative and a zero upstream gradient (the row's coefficient is then not > 0)
+          for (double up : {-3.0, 0.0}) {
+            Tensor x5 = x.detach().requires_grad_(true);
+            (cross_entropy(x5, tt, o) * up).backward();
+            std::vector<double> want = ref.grad;
+            for (double& v : want) v *= up;
+            expect_near_vec(host(x5.grad()), want, 3e-6, tol * 2, "negative / zero upstream");
+          }
           // retain_graph: the second backward cannot reuse the handed-over gradient
           Tensor x3 = x.detach().requires_grad_(true);
           Tensor l3 = cross_entropy(x3, tt, o);

@@ -157,9 +157,10 @@ __device__ __forceinline__ void for_row(const T* r, int64_t cols, int tid, int n
   if constexpr (V > 1) {
     const auto* p = reinterpret_cast<const Pack<T, V>*>(r);
     for (int64_t k = tid; k < cols / V; k += nt) {
-      const Pack<T, V> pk = p[k];
+      A v[V];
+      cast_all(p[k].v, v);
 #pragma unroll
-      for (int e = 0; e < V; ++e) f(k * V + e, cast<A>(pk.v[e]));
+      for (int e = 0; e < V; ++e) f(k * V + e, v[e]);
     }
   } else {
     for (int64_t j = tid; j < cols; j += nt) f(j, cast<A>(r[j]));
@@ -171,7 +172,7 @@ template <class T, class A, int N>
 __device__ __forceinline__ void ms_fold(const A (&v)[N], A& m, A& s) {
   A vm = neg_inf<A>();
 #pragma unroll
-  for (int e = 0; e < N; ++e) vm = v[e] > vm ? v[e] : vm;
+  for (int e = 0; e < N; ++e) vm = fmax(vm, v[e]);  // one FMNMX; a NaN is left to the sum
   if (vm > m) {
     s = m == neg_inf<A>() ? A(0) : s * ex(m - vm);
     m = vm;
@@ -189,7 +190,8 @@ __device__ __forceinline__ void ms_fold(const A (&v)[N], A& m, A& s) {
 }
 
 // Online max / sum of exp over this thread's elements. kUnroll packs are loaded before any is
-// used (independent 16-byte loads in flight: the row comes from DRAM here). kStage also copies each
+// used (independent 16-byte loads in flight: the row comes from DRAM here) and folded two at a
+// time (one rescale test per 2V values: the loop is bound by instruction issue). kStage also copies each
 // pack to the same place of `stage` (shared memory, 16-byte aligned; needs V > 1): a thread later
 // reads back only the packs it wrote (for_row / map_row walk the same k), so no barrier is needed.
 template <class T, int V, bool kStage = false>
@@ -213,20 +215,20 @@ __device__ __forceinline__ void thread_ms(const T* r, int64_t cols, int tid, int
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) sp[k + u * nt] = pk[u];
       }
+      static_assert(kUnroll % 2 == 0);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        A v[V];
-#pragma unroll
-        for (int e = 0; e < V; ++e) v[e] = cast<A>(pk[u].v[e]);
-        ms_fold<T>(v, m, s);
+      for (int u = 0; u < kUnroll; u += 2) {
+        A v[2][V];
+        cast_all(pk[u].v, v[0]);
+        cast_all(pk[u + 1].v, v[1]);
+        ms_fold<T>(reinterpret_cast<A(&)[2 * V]>(v), m, s);
       }
     }
     for (; k < npk; k += nt) {
       const Pack<T, V> pk = p[k];
       if constexpr (kStage) sp[k] = pk;
       A v[V];
-#pragma unroll
-      for (int e = 0; e < V; ++e) v[e] = cast<A>(pk.v[e]);
+      cast_all(pk.v, v);
       ms_fold<T>(v, m, s);
     }
   } else {
@@ -247,9 +249,11 @@ __device__ __forceinline__ void map_row(const T* in, T* out, int64_t cols, int t
 #pragma unroll 4
     for (int64_t k = tid; k < cols / V; k += nt) {
       const Pack<T, V> pk = p[k];
+      A v[V];
+      cast_all(pk.v, v);
       Pack<T, V> o;
 #pragma unroll
-      for (int e = 0; e < V; ++e) o.v[e] = cast<T>(f(k * V + e, cast<A>(pk.v[e])));
+      for (int e = 0; e < V; ++e) o.v[e] = cast<T>(f(k * V + e, v[e]));
       q[k] = o;
     }
   } else {
@@ -303,9 +307,12 @@ __device__ __forceinline__ void map_row2(const T* a, const T* b, T* out, int64_t
 #pragma unroll 4
     for (int64_t k = tid; k < cols / V; k += nt) {
       const Pack<T, V> ka = pa[k], kb = pb[k];
+      A va[V], vb[V];
+      cast_all(ka.v, va);
+      cast_all(kb.v, vb);
       Pack<T, V> o;
 #pragma unroll
-      for (int e = 0; e < V; ++e) o.v[e] = cast<T>(f(cast<A>(ka.v[e]), cast<A>(kb.v[e])));
+      for (int e = 0; e < V; ++e) o.v[e] = cast<T>(f(va[e], vb[e]));
       q[k] = o;
     }
   } else {
@@ -378,33 +385,44 @@ __device__ __forceinline__ void ce_grad_row(const T* xr, T* gr, int64_t cols, in
   const A smooth = s * p.eps / c;
   const A* w = p.weight;
   if constexpr (V > 1 && sizeof(T) == 2) {
-    // Packs of float16 / bfloat16: the shifted ex2, the smoothing term only when there is one, and
-    // the one-hot subtracted in the one pack that holds the target (no compare per element).
+    // Packs of float16 / bfloat16, written for instruction issue (the loop's limit at 50k classes):
+    // the shifted ex2 with a positive pcoef folded into the shift (pcoef e^(v - lse) =
+    // 2^(v log2 e - lse log2 e + log2 pcoef): no multiply per element), the smoothing term only
+    // when there is one, and the one-hot left out of the loop: the thread that wrote the target's
+    // pack writes that element again afterwards (its own earlier store: program order).
     const auto* src = reinterpret_cast<const Pack<T, V>*>(xr);
     auto* dst = reinterpret_cast<Pack<T, V>*>(gr);
-    const float nm2 = -lse * kLog2e;
-    const int64_t kt = t / V;
-    const int et = static_cast<int>(t - kt * V);
+    const bool fold = pcoef > A(0) && pcoef < std::numeric_limits<A>::infinity();
+    const float nm2 = -lse * kLog2e + (fold ? log2f(pcoef) : 0.f);
+    const A coef = fold ? A(1) : pcoef;
     const bool smoothing = p.eps > A(0);
+    auto grad_at = [&](A v, int64_t j) {
+      A r = fold ? ex_shifted(v, nm2) : coef * ex_shifted(v, nm2);
+      if (smoothing) r -= smooth * (w ? w[j] : A(1));
+      return r;
+    };
+    auto pass = [&](auto folded, auto smoothed) {
 #pragma unroll 4
-    for (int64_t k = tid; k < cols / V; k += nt) {
-      const Pack<T, V> pk = src[k];
-      A r[V];
+      for (int64_t k = tid; k < cols / V; k += nt) {
+        const Pack<T, V> pk = src[k];
+        A r[V];
+        cast_all(pk.v, r);
 #pragma unroll
-      for (int e = 0; e < V; ++e) r[e] = pcoef * ex_shifted(cast<A>(pk.v[e]), nm2);
-      if (smoothing) {
+        for (int e = 0; e < V; ++e) {
+          r[e] = decltype(folded)::value ? ex_shifted(r[e], nm2) : coef * ex_shifted(r[e], nm2);
+          if constexpr (decltype(smoothed)::value) r[e] -= smooth * (w ? w[k * V + e] : A(1));
+        }
+        Pack<T, V> o;
 #pragma unroll
-        for (int e = 0; e < V; ++e) r[e] -= smooth * (w ? w[k * V + e] : A(1));
+        for (int e = 0; e < V; ++e) o.v[e] = cast<T>(r[e]);
+        dst[k] = o;
       }
-      if (k == kt) {
-#pragma unroll
-        for (int e = 0; e < V; ++e) r[e] -= e == et ? onehot : A(0);
-      }
-      Pack<T, V> o;
-#pragma unroll
-      for (int e = 0; e < V; ++e) o.v[e] = cast<T>(r[e]);
-      dst[k] = o;
-    }
+    };
+    using F = std::false_type;
+    using Tr = std::true_type;
+    if (smoothing) fold ? pass(Tr{}, Tr{}) : pass(F{}, Tr{});
+    else fold ? pass(Tr{}, F{}) : pass(F{}, F{});
+    if ((t / V) % nt == tid) gr[t] = cast<T>(grad_at(cast<A>(xr[t]), t) - onehot);
   } else {
     map_row<T, V>(xr, gr, cols, tid, nt, [=](int64_t j, A v) {
       A r = pcoef * ex_row<T>(v - lse) - smooth * (w ? w[j] : A(1));
