@@ -157,8 +157,9 @@ __device__ __forceinline__ void for_row(const T* r, int64_t cols, int tid, int n
   if constexpr (V > 1) {
     const auto* p = reinterpret_cast<const Pack<T, V>*>(r);
     for (int64_t k = tid; k < cols / V; k += nt) {
+      const Pack<T, V> pk = p[k];
       A v[V];
-      cast_all(p[k].v, v);
+      cast_all(pk.v, v);
 #pragma unroll
       for (int e = 0; e < V; ++e) f(k * V + e, v[e]);
     }
@@ -205,9 +206,11 @@ __device__ __forceinline__ void thread_ms(const T* r, int64_t cols, int tid, int
     constexpr int kUnroll = 4;
     const auto* p = reinterpret_cast<const Pack<T, V>*>(r);
     auto* sp = reinterpret_cast<Pack<T, V>*>(stage);
-    const int64_t npk = cols / V;
-    int64_t k = tid;
-    for (; k + int64_t{kUnroll - 1} * nt < npk; k += int64_t{kUnroll} * nt) {
+    // A staged row fits in shared memory: 32-bit pack indices (fewer address instructions).
+    using I = std::conditional_t<kStage, int, int64_t>;
+    const I npk = static_cast<I>(cols / V);
+    I k = tid;
+    for (; k + I{kUnroll - 1} * nt < npk; k += I{kUnroll} * nt) {
       Pack<T, V> pk[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) pk[u] = p[k + u * nt];
@@ -367,8 +370,9 @@ struct CeParams {
   A eps;
 };
 
-// d loss_i / d x_ij * s for one row, from its logsumexp (s = 0 for an ignored row).
-template <class T, int V, class A>
+// d loss_i / d x_ij * s for one row, from its logsumexp (s = 0 for an ignored row). kShortRow: the
+// row has fewer than 2^31 packs (a staged row), so pack indices are 32-bit.
+template <class T, int V, bool kShortRow = false, class A>
 __device__ __forceinline__ void ce_grad_row(const T* xr, T* gr, int64_t cols, int tid, int nt, const CeParams<A>& p,
                                             int64_t t, A lse, A s) {
   const bool bad = t != p.ignore_index && (t < 0 || t >= cols);
@@ -401,9 +405,10 @@ __device__ __forceinline__ void ce_grad_row(const T* xr, T* gr, int64_t cols, in
       if (smoothing) r -= smooth * (w ? w[j] : A(1));
       return r;
     };
+    using I = std::conditional_t<kShortRow, int, int64_t>;
     auto pass = [&](auto folded, auto smoothed) {
 #pragma unroll 4
-      for (int64_t k = tid; k < cols / V; k += nt) {
+      for (I k = tid; k < static_cast<I>(cols / V); k += nt) {
         const Pack<T, V> pk = src[k];
         A r[V];
         cast_all(pk.v, r);
@@ -482,7 +487,7 @@ __global__ void ce_fwd_kernel(const T* __restrict__ x, CeParams<acc_t<T>> p, acc
   }
   if constexpr (kGrad) {
     const A sc = denom ? A(1) / *denom : A(1);
-    ce_grad_row<T, V>(src, gx + row * cols, cols, tid, nt, p, t, lse, sc);
+    ce_grad_row<T, V, kStage>(src, gx + row * cols, cols, tid, nt, p, t, lse, sc);
   }
 }
 
