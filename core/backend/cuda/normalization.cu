@@ -87,8 +87,8 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_
   const A inv_n = A(1) / static_cast<A>(cols);
   // Software pipeline (PF): the raw packs of the group's next row (row + stride) are loaded into
   // nxt before this row's reductions and stores, so their latency overlaps them; swapped at the
-  // end. Only for K == 1: more packs per thread would pass 64 registers in the backward, and a
-  // block kernel may be launched with 1024 threads.
+  // end. Only for K == 1: at K == 2 it takes <float, 4, 2> from 32 registers to 48 and cost the
+  // H200 7% on [8192, 4096] float32 (0.209 -> 0.221 ms fwd+bwd) and bfloat16 gained nothing.
   constexpr bool PF = K == 1;
   P buf[K], nxt[K];
   auto load = [&](P(&dst)[K], int64_t r) {
@@ -106,11 +106,10 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_
       const int v = t + k * G;
       if (v < nvec) {
         if (!PF) buf[k] = reinterpret_cast<const P*>(x + row * cols)[v];
+        A xv[V];
+        cast_all(buf[k].v, xv);
 #pragma unroll
-        for (int e = 0; e < V; ++e) {
-          const A xv = cast<A>(buf[k].v[e]);
-          s += rms ? xv * xv : xv;
-        }
+        for (int e = 0; e < V; ++e) s += rms ? xv[e] * xv[e] : xv[e];
       }
     }
     A mean = 0, var;
@@ -128,9 +127,11 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         if (t + k * G < nvec) {
+          A xv[V];
+          cast_all(buf[k].v, xv);
 #pragma unroll
           for (int e = 0; e < V; ++e) {
-            const A d = cast<A>(buf[k].v[e]) - mean;
+            const A d = xv[e] - mean;
             ss += d * d;
           }
         }
@@ -150,14 +151,22 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_
     for (int k = 0; k < K; ++k) {
       const int v = t + k * G;
       if (v < nvec) {
-        P wv, bv, o;
-        if (w) wv = reinterpret_cast<const P*>(w)[v];
-        if (b) bv = reinterpret_cast<const P*>(b)[v];
+        P o;
+        A xv[V], wf[V], bf[V];
+        cast_all(buf[k].v, xv);
+        if (w) {
+          const P wv = reinterpret_cast<const P*>(w)[v];
+          cast_all(wv.v, wf);
+        }
+        if (b) {
+          const P bv = reinterpret_cast<const P*>(b)[v];
+          cast_all(bv.v, bf);
+        }
 #pragma unroll
         for (int e = 0; e < V; ++e) {
-          A r = (cast<A>(buf[k].v[e]) - mean) * rstd;
-          if (w) r *= cast<A>(wv.v[e]);
-          if (b) r += cast<A>(bv.v[e]);
+          A r = (xv[e] - mean) * rstd;
+          if (w) r *= wf[e];
+          if (b) r += bf[e];
           o.v[e] = cast<T>(r);
         }
         yr[v] = o;
@@ -215,6 +224,19 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
     rd = rstd[r];
   };
   if (PF && first < rows) load(xb, gb, m, rs, first);
+  // The weight of this thread's columns, kept in registers over its rows when K == 1 (4 registers
+  // for a 16-byte pack; its two loads per row were issue slots and load-queue entries: ncu showed
+  // the backward stalled on lg_throttle); larger K read it per row.
+  P wk[PF ? K : 1];
+  if (PF && w) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (t + k * G < nvec) wk[k] = reinterpret_cast<const P*>(w)[t + k * G];
+  }
+  auto weight = [&](int k, int v) -> P {
+    if constexpr (PF) return wk[k];
+    else return reinterpret_cast<const P*>(w)[v];
+  };
   for (int64_t row = first; row < rows; row += stride) {
     if (!PF) {
       m = rms ? A(0) : mean[row];
@@ -231,15 +253,20 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
           xb[k] = reinterpret_cast<const P*>(x + row * cols)[v];
           gb[k] = reinterpret_cast<const P*>(g + row * cols)[v];
         }
-        P wv;
-        if (w) wv = reinterpret_cast<const P*>(w)[v];
+        A gf[V], xf[V], wf[V];
+        cast_all(gb[k].v, gf);
+        cast_all(xb[k].v, xf);
+        if (w) {
+          const P wv = weight(k, v);
+          cast_all(wv.v, wf);
+        }
 #pragma unroll
         for (int e = 0; e < V; ++e) {
-          const A gv = cast<A>(gb[k].v[e]);
-          const A xh = (cast<A>(xb[k].v[e]) - m) * rs;
+          const A gv = gf[e];
+          const A xh = (xf[e] - m) * rs;
           accw[k][e] += gv * xh;
           accb[k][e] += gv;
-          const A gy = w ? gv * cast<A>(wv.v[e]) : gv;
+          const A gy = w ? gv * wf[e] : gv;
           s1 += gy;
           s2 += gy * xh;
         }
@@ -256,17 +283,26 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
       for (int k = 0; k < K; ++k) {
         const int v = t + k * G;
         if (v < nvec) {
-          P wv, o, av;
-          if (w) wv = reinterpret_cast<const P*>(w)[v];
-          if constexpr (ADD) av = reinterpret_cast<const P*>(add + row * cols)[v];
+          P o;
+          A gf[V], xf[V], wf[V], af[V];
+          cast_all(gb[k].v, gf);
+          cast_all(xb[k].v, xf);
+          if (w) {
+            const P wv = weight(k, v);
+            cast_all(wv.v, wf);
+          }
+          if constexpr (ADD) {
+            const P av = reinterpret_cast<const P*>(add + row * cols)[v];
+            cast_all(av.v, af);
+          }
 #pragma unroll
           for (int e = 0; e < V; ++e) {
-            const A gv = cast<A>(gb[k].v[e]);
-            const A gy = w ? gv * cast<A>(wv.v[e]) : gv;
-            const A xh = (cast<A>(xb[k].v[e]) - m) * rs;
+            const A gv = gf[e];
+            const A gy = w ? gv * wf[e] : gv;
+            const A xh = (xf[e] - m) * rs;
             const A r = rs * (gy - s1 - xh * s2);
             if constexpr (ADD)
-              o.v[e] = cast<T>(r + cast<A>(av.v[e]));
+              o.v[e] = cast<T>(r + af[e]);
             else
               o.v[e] = cast<T>(r);
           }
@@ -519,15 +555,19 @@ int pick_k(int64_t nvec, int per_group) {
   return 0;
 }
 
-NormPlan plan(int64_t rows, int64_t cols, int V, bool aligned, int device) {
+NormPlan plan(int64_t rows, int64_t cols, int V, bool aligned, int device, bool forward) {
   NormPlan p;
   p.vec = aligned && cols % V == 0 ? V : 1;
   const int64_t nvec = cols / p.vec;
   const int sms = sm_count(device);
-  // Warp mode up to 2 vectors per lane; blocks aim at 2 vectors per thread for 4-byte types and
-  // 1 for narrower ones (8 elements per vector already): backward keeps 2 K x V accumulators per
-  // thread, and more than ~64 registers costs occupancy (ptxas: <float, 4, 2> 55 registers,
-  // <bfloat16, 8, 4> 168).
+  // Warp mode up to 2 vectors per lane; blocks aim at 2 vectors per thread for 4-byte types and,
+  // backward, 1 for narrower ones (8 elements per vector already): backward keeps 2 K x V
+  // accumulators per thread, and more than ~64 registers costs occupancy (ptxas: <float, 4, 2>
+  // 55 registers, <bfloat16, 8, 4> 168). The forward has no accumulators and aims at 2 for every
+  // type: a row's reductions cost a thread the same ~110 instructions whatever its share of the
+  // row, so 16 bfloat16 elements per thread rather than 8 take 25% fewer instructions (ncu,
+  // [8192, 4096] bfloat16 forward: 36.1M warp instructions -> 27.2M; H200 fwd+bwd 0.171 -> 0.157
+  // ms). 32 per thread (want_k 4) measured the same 0.156-0.157 ms.
   if (nvec <= 32 * 2) {
     p.warp = true;
     p.threads = 32 * kWarpRowsPerBlock;
@@ -537,7 +577,7 @@ NormPlan plan(int64_t rows, int64_t cols, int V, bool aligned, int device) {
     p.warp = false;
     // Whole warps, every thread with want_k vectors where the row allows ([32768, 768] float32:
     // 96 threads of 2 vectors rather than 128 threads of 1 or 2).
-    const int64_t want_k = p.vec >= 8 ? 1 : 2;
+    const int64_t want_k = p.vec >= 8 && !forward ? 1 : 2;
     p.threads = static_cast<int>(std::clamp<int64_t>((nvec + want_k * 32 - 1) / (want_k * 32) * 32, 64, 1024));
     p.k = pick_k(nvec, p.threads);  // 0: longer than the registers hold (the *_long kernels)
     p.grid = std::min<int64_t>(rows, int64_t{sms} * std::max(1, 2048 / p.threads));
@@ -588,7 +628,7 @@ void norm_forward(const backend::NormArgs& a) {
     const T* b = a.bias.defined() ? static_cast<const T*>(a.bias.data_ptr()) : nullptr;
     T* y = static_cast<T*>(a.y.data_ptr());
     const bool aligned = aligned16(x) && aligned16(y) && (!w || aligned16(w)) && (!b || aligned16(b));
-    const NormPlan p = plan(a.rows, a.cols, V, aligned, device);
+    const NormPlan p = plan(a.rows, a.cols, V, aligned, device, /*forward=*/true);
     A* mean = a.mean.defined() ? static_cast<A*>(a.mean.data_ptr()) : nullptr;
     A* rstd = static_cast<A*>(a.rstd.data_ptr());
     if (p.k == 0) {
@@ -631,7 +671,7 @@ void norm_backward(const backend::NormBackwardArgs& a) {
     const T* add = a.grad_x_addend.defined() ? static_cast<const T*>(a.grad_x_addend.data_ptr()) : nullptr;
     const bool aligned = aligned16(g) && aligned16(x) && (!w || aligned16(w)) && (!dx || aligned16(dx)) &&
                          (!add || aligned16(add));
-    const NormPlan p = plan(a.rows, a.cols, V, aligned, device);
+    const NormPlan p = plan(a.rows, a.cols, V, aligned, device, /*forward=*/false);
     const A* mean = a.mean.defined() ? static_cast<const A*>(a.mean.data_ptr()) : nullptr;
     const A* rstd = static_cast<const A*>(a.rstd.data_ptr());
     const bool want_w = a.grad_weight.defined(), want_b = a.grad_bias.defined();
