@@ -13,6 +13,8 @@
 // from a column-parallel kernel over row chunks (reading x and dy once more).
 // Dropout: one thread per Philox block (4 elements), the mask recomputed, never stored.
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <type_traits>
 
 #include <tapegrad/core/philox.h>
@@ -45,9 +47,10 @@ constexpr int kMaxK = 8;              // most 16-byte vectors per thread kept in
 // values are added by an xor-shuffle tree in a fixed order (bit-reproducible; float addition is
 // commutative, so every lane ends with the same bits).
 template <int N, class A>
-__device__ __forceinline__ void warp_sums(A (&v)[N]) {
+__device__ __forceinline__ void warp_sums(A (&v)[N], int from = 16) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
+    if (o > from) continue;
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
   }
@@ -63,9 +66,12 @@ __device__ __forceinline__ void group_sums(A (&v)[N], A* red, int buf) {
       for (int i = 0; i < N; ++i) r[i * 32 + w] = v[i];
     }
     __syncthreads();
+    // Up to 16 partials: each half-warp holds them all and the tree starts at offset 8 (the
+    // level at 16 would add zeros: the same bits).
+    const int l = nw <= 16 ? lane & 15 : lane;
 #pragma unroll
-    for (int i = 0; i < N; ++i) v[i] = lane < nw ? r[i * 32 + lane] : A(0);
-    warp_sums(v);
+    for (int i = 0; i < N; ++i) v[i] = l < nw ? r[i * 32 + l] : A(0);
+    warp_sums(v, nw <= 16 ? 8 : 16);
   }
 }
 // One row per group (G32: a warp, for rows of <= 64 vectors; else the block); K vectors of V
@@ -183,6 +189,14 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_
 // pw / pb [gridDim.x, cols] (null when not wanted). smem: 2 * cols accumulators (warp mode).
 // ADD: dx += add (the caller's addend, NormBackwardArgs::grad_x_addend), a template flag so that
 // the plain kernels keep their registers.
+// The kernel is bound by instructions per row, not bytes (ncu: ~300 warp instructions a row at
+// [8192, 4096] bfloat16 before the rewrite below), so a row's work is written to keep them few:
+// K == 1 visits its rows in pairs so the prefetched registers alternate instead of
+// being copied, and dx is one FMA pair per element:
+//   dx = rstd * (gy - s1 - xhat * s2) = fma(rstd, gy, fma(-rstd^2 s2, xc, -rstd s1')),
+// where for half types xc = x and xhat = fma(x, rstd, -mean * rstd) (s1' = s1 + s2 * -mean * rstd:
+// the rounding of the folded mean is far below a half output's), and for float32 / float64
+// xc = x - mean, xhat = xc * rstd as before.
 template <class T, int V, int K, bool G32, bool ADD>
 __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
                                 const nacc_t<T>* __restrict__ mean, const nacc_t<T>* __restrict__ rstd,
@@ -190,6 +204,7 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
                                 nacc_t<T>* __restrict__ pb, int64_t rows, int cols, bool rms) {
   using A = nacc_t<T>;
   using P = NPack<T, V>;
+  constexpr bool kFold = sizeof(T) == 2;  // fold the mean into an FMA (half types)
   __shared__ A red[2 * 2 * 32];  // group_sums of 2 values: 2 buffers
   int it = 0;
   extern __shared__ unsigned char smem_raw[];
@@ -205,14 +220,12 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
   for (int k = 0; k < K; ++k)
 #pragma unroll
     for (int e = 0; e < V; ++e) accw[k][e] = accb[k][e] = 0;
-  // Software pipeline as in the forward (K == 1 only): x, dy (and the row's statistics) of the
-  // next row are loaded into the n* registers before this row's reductions and stores.
-  constexpr bool PF = K == 1;
-  P xb[K], gb[K], nxb[K], ngb[K];
-  A m = 0, rs = 0, nm = 0, nrs = 0;
-  auto load = [&](P(&xd)[K], P(&gd)[K], A& md, A& rd, int64_t r) {
-    const P* xr = reinterpret_cast<const P*>(x + r * cols);
-    const P* gr = reinterpret_cast<const P*>(g + r * cols);
+  // Row r starts at pack r * nvec of each tensor: the loops carry that offset and add
+  // stride * nvec per visit (uniform across the group), so no row pays a 64-bit multiply.
+  const int64_t step = stride * nvec;
+  auto load = [&](P(&xd)[K], P(&gd)[K], A& md, A& rd, int64_t r, int64_t off) {
+    const P* xr = reinterpret_cast<const P*>(x) + off;
+    const P* gr = reinterpret_cast<const P*>(g) + off;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       if (t + k * G < nvec) {
@@ -223,7 +236,9 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
     md = rms ? A(0) : mean[r];
     rd = rstd[r];
   };
-  if (PF && first < rows) load(xb, gb, m, rs, first);
+  // Software pipeline (K == 1 only): x, dy and the statistics of the next row are loaded before
+  // this row's reductions and stores.
+  constexpr bool PF = K == 1;
   // The weight of this thread's columns, kept in registers over its rows when K == 1 (4 registers
   // for a 16-byte pack; its two loads per row were issue slots and load-queue entries: ncu showed
   // the backward stalled on lg_throttle); larger K read it per row.
@@ -237,22 +252,13 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
     if constexpr (PF) return wk[k];
     else return reinterpret_cast<const P*>(w)[v];
   };
-  for (int64_t row = first; row < rows; row += stride) {
-    if (!PF) {
-      m = rms ? A(0) : mean[row];
-      rs = rstd[row];
-    } else if (row + stride < rows) {
-      load(nxb, ngb, nm, nrs, row + stride);
-    }
+  auto row_body = [&](const P(&xb)[K], const P(&gb)[K], A m, A rs, int64_t off) {
+    const A nmr = -m * rs;
     A s1 = 0, s2 = 0;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int v = t + k * G;
       if (v < nvec) {
-        if (!PF) {
-          xb[k] = reinterpret_cast<const P*>(x + row * cols)[v];
-          gb[k] = reinterpret_cast<const P*>(g + row * cols)[v];
-        }
         A gf[V], xf[V], wf[V];
         cast_all(gb[k].v, gf);
         cast_all(xb[k].v, xf);
@@ -263,61 +269,76 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
 #pragma unroll
         for (int e = 0; e < V; ++e) {
           const A gv = gf[e];
-          const A xh = (xf[e] - m) * rs;
-          accw[k][e] += gv * xh;
+          const A xh = kFold ? fma(xf[e], rs, nmr) : (xf[e] - m) * rs;
+          accw[k][e] = fma(gv, xh, accw[k][e]);
           accb[k][e] += gv;
           const A gy = w ? gv * wf[e] : gv;
           s1 += gy;
-          s2 += gy * xh;
+          s2 = fma(gy, xh, s2);
         }
       }
     }
-    if (dx) {
-      A v2[2] = {s1, s2};
-      group_sums<G32>(v2, red, it);
-      it ^= 1;
-      s1 = rms ? A(0) : v2[0] * inv_n;
-      s2 = v2[1] * inv_n;
-      P* dr = reinterpret_cast<P*>(dx + row * cols);
+    if (!dx) return;
+    A v2[2] = {s1, s2};
+    group_sums<G32>(v2, red, it);
+    it ^= 1;
+    s1 = rms ? A(0) : v2[0] * inv_n;
+    s2 = v2[1] * inv_n;
+    const A c2 = -rs * rs * s2;
+    const A c0 = kFold ? -rs * fma(s2, nmr, s1) : -rs * s1;
+    P* dr = reinterpret_cast<P*>(dx) + off;
 #pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const int v = t + k * G;
-        if (v < nvec) {
-          P o;
-          A gf[V], xf[V], wf[V], af[V];
-          cast_all(gb[k].v, gf);
-          cast_all(xb[k].v, xf);
-          if (w) {
-            const P wv = weight(k, v);
-            cast_all(wv.v, wf);
-          }
-          if constexpr (ADD) {
-            const P av = reinterpret_cast<const P*>(add + row * cols)[v];
-            cast_all(av.v, af);
-          }
-#pragma unroll
-          for (int e = 0; e < V; ++e) {
-            const A gv = gf[e];
-            const A gy = w ? gv * wf[e] : gv;
-            const A xh = (xf[e] - m) * rs;
-            const A r = rs * (gy - s1 - xh * s2);
-            if constexpr (ADD)
-              o.v[e] = cast<T>(r + af[e]);
-            else
-              o.v[e] = cast<T>(r);
-          }
-          dr[v] = o;
+    for (int k = 0; k < K; ++k) {
+      const int v = t + k * G;
+      if (v < nvec) {
+        P o;
+        A gf[V], xf[V], wf[V], af[V];
+        cast_all(gb[k].v, gf);
+        cast_all(xb[k].v, xf);
+        if (w) {
+          const P wv = weight(k, v);
+          cast_all(wv.v, wf);
         }
+        if constexpr (ADD) {
+          const P av = reinterpret_cast<const P*>(add)[off + v];
+          cast_all(av.v, af);
+        }
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const A gy = w ? gf[e] * wf[e] : gf[e];
+          const A r = fma(rs, gy, fma(c2, kFold ? xf[e] : xf[e] - m, c0));
+          if constexpr (ADD)
+            o.v[e] = cast<T>(r + af[e]);
+          else
+            o.v[e] = cast<T>(r);
+        }
+        dr[v] = o;
       }
     }
-    if constexpr (PF) {
+  };
+  if constexpr (PF) {
+    P xa[K], ga[K], xn[K], gn[K];
+    A ma = 0, ra = 0, mn = 0, rn = 0;
+    int64_t off = first * nvec;
+    if (first < rows) load(xa, ga, ma, ra, first, off);
+    for (int64_t row = first; row < rows; row += stride, off += step) {
+      if (row + stride < rows) load(xn, gn, mn, rn, row + stride, off + step);
+      row_body(xa, ga, ma, ra, off);
 #pragma unroll
       for (int k = 0; k < K; ++k) {
-        xb[k] = nxb[k];
-        gb[k] = ngb[k];
+        xa[k] = xn[k];
+        ga[k] = gn[k];
       }
-      m = nm;
-      rs = nrs;
+      ma = mn;
+      ra = rn;
+    }
+  } else {
+    int64_t off = first * nvec;
+    for (int64_t row = first; row < rows; row += stride, off += step) {
+      P xb[K], gb[K];
+      A m, rs;
+      load(xb, gb, m, rs, row, off);
+      row_body(xb, gb, m, rs, off);
     }
   }
   if (!pw && !pb) return;
@@ -613,6 +634,28 @@ void with_vk(const NormPlan& p, F&& f) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Blocks of `threads` threads of `kern` that fit on one SM at once (asked once per kernel and
+// block size). Block-mode grids are sized by it: plan() assumes 2048 threads an SM, but a
+// backward kernel of ~64 registers fits 1024, and a grid of twice the resident blocks ran as two
+// waves and wrote twice the weight / bias partial rows.
+template <class F>
+int resident_blocks(F* kern, int threads) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> cache;
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kern), threads);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int b = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, threads, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    b = 0;
+  }
+  b = std::max(b, 1);
+  cache.emplace(key, b);
+  return b;
+}
+
 }  // namespace
 
 void norm_forward(const backend::NormArgs& a) {
@@ -675,9 +718,17 @@ void norm_backward(const backend::NormBackwardArgs& a) {
     const A* mean = a.mean.defined() ? static_cast<const A*>(a.mean.data_ptr()) : nullptr;
     const A* rstd = static_cast<const A*>(a.rstd.data_ptr());
     const bool want_w = a.grad_weight.defined(), want_b = a.grad_bias.defined();
+    int64_t grid = p.grid;
+    if (p.k != 0 && !p.warp) {
+      with_vk<T, V>(p, [&](auto vt, auto kt) {
+        constexpr int VV = decltype(vt)::value, KK = decltype(kt)::value;
+        auto kern = add ? norm_bwd_kernel<T, VV, KK, false, true> : norm_bwd_kernel<T, VV, KK, false, false>;
+        grid = std::min<int64_t>(grid, int64_t{sm_count(device)} * resident_blocks(kern, p.threads));
+      });
+    }
     // Partial rows of the weight / bias gradients: one per block, or per row chunk for long rows.
     const int64_t chunk_rows = (a.rows + 63) / 64;
-    const int64_t parts = p.k == 0 ? (a.rows + chunk_rows - 1) / chunk_rows : p.grid;
+    const int64_t parts = p.k == 0 ? (a.rows + chunk_rows - 1) / chunk_rows : grid;
     DataPtr ws;
     A *pw = nullptr, *pb = nullptr;
     const size_t part = static_cast<size_t>(parts) * static_cast<size_t>(a.cols);
@@ -690,35 +741,35 @@ void norm_backward(const backend::NormBackwardArgs& a) {
     const size_t smem = p.warp && (want_w || want_b) ? 2 * static_cast<size_t>(a.cols) * sizeof(A) : 0;
     if (p.k == 0) {
       if (dx) {
-        const auto grid = static_cast<unsigned>(p.grid);
+        const auto blocks = static_cast<unsigned>(grid);
         if (p.vec == V)
-          norm_bwd_long_kernel<T, V><<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, add, a.rows, a.cols,
-                                                                        a.rms);
+          norm_bwd_long_kernel<T, V><<<blocks, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, add, a.rows, a.cols,
+                                                                          a.rms);
         else
-          norm_bwd_long_kernel<T, 1><<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, add, a.rows, a.cols,
-                                                                        a.rms);
+          norm_bwd_long_kernel<T, 1><<<blocks, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, add, a.rows, a.cols,
+                                                                          a.rms);
         TG_CUDA_CHECK_LAUNCH();
       }
       if (want_w || want_b) {
-        const dim3 grid(static_cast<unsigned>((a.cols + 31) / 32), static_cast<unsigned>(parts)), block(32, 8);
-        norm_wb_long_kernel<T><<<grid, block, 0, stream>>>(g, x, mean, rstd, pw, pb, a.rows, a.cols, chunk_rows);
+        const dim3 wgrid(static_cast<unsigned>((a.cols + 31) / 32), static_cast<unsigned>(parts)), block(32, 8);
+        norm_wb_long_kernel<T><<<wgrid, block, 0, stream>>>(g, x, mean, rstd, pw, pb, a.rows, a.cols, chunk_rows);
         TG_CUDA_CHECK_LAUNCH();
       }
     } else {
       with_vk<T, V>(p, [&](auto vt, auto kt) {
         constexpr int VV = decltype(vt)::value, KK = decltype(kt)::value;
-        const auto grid = static_cast<unsigned>(p.grid);
+        const auto blocks = static_cast<unsigned>(grid);
         if (p.warp) {
           auto kern = add ? norm_bwd_kernel<T, VV, KK, true, true> : norm_bwd_kernel<T, VV, KK, true, false>;
           if (smem > 48 * 1024)
             TG_CUDA_CHECK(
                 cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-          kern<<<grid, p.threads, smem, stream>>>(g, x, w, mean, rstd, dx, add, pw, pb, a.rows,
-                                                  static_cast<int>(a.cols), a.rms);
+          kern<<<blocks, p.threads, smem, stream>>>(g, x, w, mean, rstd, dx, add, pw, pb, a.rows,
+                                                    static_cast<int>(a.cols), a.rms);
         } else {
           auto kern = add ? norm_bwd_kernel<T, VV, KK, false, true> : norm_bwd_kernel<T, VV, KK, false, false>;
-          kern<<<grid, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, add, pw, pb, a.rows, static_cast<int>(a.cols),
-                                               a.rms);
+          kern<<<blocks, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, add, pw, pb, a.rows,
+                                                 static_cast<int>(a.cols), a.rms);
         }
         TG_CUDA_CHECK_LAUNCH();
       });
