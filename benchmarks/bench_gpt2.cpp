@@ -12,6 +12,7 @@
 //   tg_bench_gpt2 --batch 8 --seq 256      # CPU default: 2 layers, 2 heads, width 64, vocab 256, B=4 T=64 fp32
 //   tg_bench_gpt2 --layers 4 --heads 4 --width 256 --vocab 50304 --precision fp32 --reps 10
 //   tg_bench_gpt2 --cudnn-benchmark        # cuDNN autotunes the SDPA graphs at their first call
+//   tg_bench_gpt2 --cublas-benchmark       # cuBLASLt algorithms timed per GEMM problem (backends::cublas)
 //   tg_bench_gpt2 --nondeterministic       # use_deterministic_algorithms(false): atomics in SDPA backward, embedding
 //   tg_bench_gpt2 --unfused-bias-grad      # linear bias gradients as reductions, not cuBLASLt BGRAD epilogues
 #include <cstdio>
@@ -33,6 +34,7 @@ struct Flags {
   int64_t batch = 0, seq = 0, layers = 0, heads = 0, width = 0, vocab = 0;
   std::string precision, device;
   bool cudnn_benchmark = false;  // --cudnn-benchmark: cuDNN autotunes the attention graphs
+  bool cublas_benchmark = false;  // --cublas-benchmark: cuBLASLt algorithms timed per GEMM problem
   bool nondeterministic = false;  // --nondeterministic: tg::use_deterministic_algorithms(false)
   bool unfused_bias_grad = false;  // --unfused-bias-grad: bias gradients as reductions, not GEMM epilogues
 };
@@ -58,6 +60,10 @@ Flags take_flags(int& argc, char** argv) {
     };
     if (std::strcmp(argv[i], "--cudnn-benchmark") == 0) {
       f.cudnn_benchmark = true;
+      continue;
+    }
+    if (std::strcmp(argv[i], "--cublas-benchmark") == 0) {
+      f.cublas_benchmark = true;
       continue;
     }
     if (std::strcmp(argv[i], "--nondeterministic") == 0) {
@@ -198,6 +204,7 @@ int main(int argc, char** argv) {
   }
   const bool cuda = f.device == "cuda";
   if (cuda && f.cudnn_benchmark) tg::backends::cudnn::set_benchmark(true);
+  if (cuda && f.cublas_benchmark) tg::backends::cublas::set_benchmark(true);
   if (f.nondeterministic) tg::use_deterministic_algorithms(false);
   if (f.unfused_bias_grad) tg::native::set_fuse_bias_grad(false);
   gpt2::Config c = cuda ? gpt2::Config{.vocab_size = 50304}

@@ -3,6 +3,7 @@
 // the GPU with a device-side shuffle. Eager (DataLoader over a TensorDataset) and the same epoch
 // captured whole into a tg::cuda::Graph and replayed once per epoch (a fresh randperm copied into
 // the order tensor the graph reads). Host wall clock around a synchronised epoch, median of repeats.
+// --cublas-benchmark: the same with cuBLASLt's algorithms timed per GEMM problem.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -38,7 +39,18 @@ Data make_data() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --cublas-benchmark: cuBLASLt algorithms timed per GEMM problem (tg::backends::cublas).
+  bool cublas_benchmark = false;
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--cublas-benchmark")
+      cublas_benchmark = true;
+    else
+      argv[out++] = argv[i];
+  }
+  argc = out;
   auto o = tg::bench::parse_options(argc, argv);
+  if (cublas_benchmark && tg::cuda::is_available()) tg::backends::cublas::set_benchmark(true);
   if (!tg::cuda::is_available()) {
     std::fprintf(stderr, "tg_bench_models: no CUDA device\n");
     return 0;

@@ -1,8 +1,8 @@
 // tg::linear (x W^T + b as one gemm with a fused bias) and its backward, on the CPU
 // and on CUDA when present: values and gradients against a float64 host reference
 // over contiguous, non-contiguous, transposed-weight, bias-less, 1-D and 3-D cases,
-// in float64 / float32 / float16 / bfloat16; gradcheck; the TF32 flag; launch counts;
-// and errors. Mixed precision (autocast, float32 gradients) is in linear_amp_test.cpp.
+// in float64 / float32 / float16 / bfloat16; gradcheck; the TF32 flag; cuBLAS autotuning;
+// launch counts; and errors. Mixed precision (autocast, float32 gradients) is in linear_amp_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <tapegrad/core/cuda.h>
+#include <tapegrad/core/cuda_graph.h>
 #include <tapegrad/core/native.h>
 #include "core/reference.h"
 #include "tests/autograd/common.h"
@@ -326,6 +328,46 @@ TEST_P(LinearOp, Tf32Flag) {
   EXPECT_LT(off, 1e-6);
   EXPECT_GT(on, 1e-6);  // TF32 was used
   EXPECT_LT(on, 2e-3);  // 2 input roundings of 2^-11
+}
+
+// tg::backends::cublas::set_benchmark: each new problem's first call times the algorithms
+// cuBLASLt offers and keeps the fastest. Every dtype and layout still matches the float64
+// reference, on the tuning call and on the calls that reuse the choice; float32 (which then
+// takes cuBLASLt too) keeps float accuracy (no TF32 unless asked).
+TEST_P(LinearOp, CublasBenchmarkKeepsValues) {
+  if (GetParam() == Dev::CPU) GTEST_SKIP() << "cuBLAS autotuning is a CUDA setting";
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  const bool was = tg::backends::cublas::benchmark();
+  tg::backends::cublas::set_benchmark(true);
+  for (int round = 0; round < 2; ++round)
+    for (DType dt : {kFloat32, kFloat16, kBFloat16})
+      for (const Case& c : cases()) check_case(c, dt, dev());
+  tg::backends::cublas::set_benchmark(was);
+}
+
+// A problem first met while a CUDA graph is being captured is not timed there (nothing may
+// wait for the device): the capture uses the heuristic's choice, and the replay is right.
+TEST_P(LinearOp, CublasBenchmarkInsideCaptureUsesTheHeuristic) {
+  if (GetParam() == Dev::CPU) GTEST_SKIP() << "CUDA graphs";
+  TG_SKIP_WITHOUT_CUDA(GetParam());
+  const bool was = tg::backends::cublas::benchmark();
+  tg::backends::cublas::set_benchmark(true);
+  auto opts = TensorOptions().dtype(kBFloat16).device(dev());
+  tg::manual_seed(11);
+  // A shape no other test uses, so its plan is new inside the capture.
+  Tensor x = tg::randn({72, 136}, opts), w = tg::randn({40, 136}, opts), b = tg::randn({40}, opts);
+  Tensor y;
+  tg::cuda::Stream side;
+  {
+    tg::cuda::StreamGuard guard(side);
+    tg::cuda::Graph graph;
+    graph.capture([&] { y = tg::linear(x, w, b); });
+    graph.replay();
+    side.synchronize();
+  }
+  tg::backends::cublas::set_benchmark(was);
+  LinRef r = ref_linear(x, w, b, tg::zeros({72, 40}, opts));
+  EXPECT_TRUE(within(y, r.y, r.sy, rel_tol(kBFloat16))) << "y";
 }
 
 TEST_P(LinearOp, EmptyShapes) {

@@ -2,10 +2,15 @@
 // backend. Row-major C = A B is computed as the column-major C^T = B^T A^T: the
 // libraries get (B, A) with m and n swapped, so no data is ever transposed.
 // float32 goes to cublasGemmEx, float64 to cublasDgemm; float16 / bfloat16, a float32 C
-// from half operands, and every fused epilogue (bias, bias gradient) go to cuBLASLt.
+// from half operands, and every fused epilogue (bias, bias gradient) go to cuBLASLt through a
+// plan cached per problem, as does float32 when autotuning (tg::backends::cublas::set_benchmark:
+// a plan times the algorithms cuBLASLt's heuristic offers on its first eager call and keeps the
+// fastest).
 #include <tapegrad/core/backend/cuda/blas.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <map>
@@ -82,11 +87,19 @@ using LtPref = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>
 struct LtPlan {
   LtDesc desc;
   LtLayout a, b, c;  // in cuBLAS terms: a = our B, b = our A
-  cublasLtMatmulAlgo_t algo{};
+  cublasLtMatmulAlgo_t algo{};  // the heuristic's first choice
   bool ok = false;  // the heuristic found an algorithm (always true for plans without an epilogue)
-  // Held from setting the desc's epilogue pointer until the matmul is enqueued (threads share plans).
+  // Every algorithm the heuristic offered (up to kOffered, first choice first), for autotuning.
+  std::vector<cublasLtMatmulAlgo_t> offered;
+  // Autotuning (tg::backends::cublas::set_benchmark): the fastest offered algorithm, timed once
+  // on the plan's first eager call with the switch on; `tuned` is set after `tuned_algo`.
+  mutable cublasLtMatmulAlgo_t tuned_algo{};
+  mutable std::atomic<bool> tuned{false};
+  // Held from setting the desc's epilogue pointer until the matmul is enqueued (threads share
+  // plans), and while a plan is tuned.
   mutable std::mutex mu;
 };
+constexpr int kOffered = 8;
 using LtKey = std::array<int64_t, 16>;
 struct LtPlans {
   std::mutex mu;
@@ -229,17 +242,67 @@ const LtPlan& lt_plan(const backend::GemmArgs& g, int device) {
                                                        sizeof(align_c)));
   TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
                                                        sizeof(align_c)));
-  cublasLtMatmulHeuristicResult_t result{};
+  std::array<cublasLtMatmulHeuristicResult_t, kOffered> results{};
   int returned = 0;
   const cublasStatus_t st =
       cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(device), desc, plan->a.get(), plan->b.get(), plan->c.get(),
-                                     plan->c.get(), pref_raw, 1, &result, &returned);
+                                     plan->c.get(), pref_raw, kOffered, results.data(), &returned);
   if (!epi) TG_CUBLAS_CHECK(st);  // with an epilogue, any refusal means: not fused, fall back
   plan->ok = st == CUBLAS_STATUS_SUCCESS && returned > 0;
   TG_CHECK(plan->ok || epi, "matmul: cuBLASLt has no algorithm for ", dtype_name(g.dtype), " [", g.batch, ", ", g.m,
            ", ", g.k, "] x [", g.k, ", ", g.n, "]", g.c_float32 ? " with a float32 result" : "");
-  plan->algo = result.algo;
+  if (plan->ok) {
+    plan->algo = results[0].algo;
+    for (int i = 0; i < returned; ++i)
+      if (results[i].workspaceSize <= kWorkspaceBytes) plan->offered.push_back(results[i].algo);
+  }
   return *cache.plans.emplace(key, std::move(plan)).first->second;
+}
+
+// Autotuning: times each offered algorithm on this call's operands and keeps the fastest. Safe
+// to run on the real operands: A and B are only read, C (and a bias gradient) are written with
+// beta = 0 and written again by the call that follows. Called with plan.mu held, outside capture.
+void lt_tune(const LtPlan& plan, const backend::GemmArgs& g, cublasLtHandle_t lt, void* ws, size_t ws_size,
+             cudaStream_t stream) {
+  const float alpha = 1.f, beta = 0.f;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(lt, plan.desc.get(), &alpha, g.b, plan.a.get(), g.a, plan.b.get(), &beta, g.c, plan.c.get(),
+                          g.c, plan.c.get(), &algo, ws, ws_size, stream);
+  };
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  TG_CUDA_CHECK(cudaEventCreate(&e0));
+  TG_CUDA_CHECK(cudaEventCreate(&e1));
+  auto time = [&](const cublasLtMatmulAlgo_t& algo, int reps) -> float {
+    TG_CUDA_CHECK(cudaEventRecord(e0, stream));
+    for (int r = 0; r < reps; ++r)
+      if (run(algo) != CUBLAS_STATUS_SUCCESS) return -1.f;
+    TG_CUDA_CHECK(cudaEventRecord(e1, stream));
+    TG_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    TG_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms / static_cast<float>(reps);
+  };
+  cublasLtMatmulAlgo_t best = plan.algo;
+  float best_ms = -1.f;
+  for (const cublasLtMatmulAlgo_t& algo : plan.offered) {
+    if (time(algo, 1) < 0) continue;  // warm-up; an algorithm that fails here is skipped
+    const float est = time(algo, 1);
+    if (est < 0) continue;
+    // About 2 ms of calls per round (3 to 50 calls), median of 3 rounds.
+    const int reps = std::clamp(static_cast<int>(2.f / std::max(est, 1e-3f)), 3, 50);
+    std::array<float, 3> t{};
+    for (float& v : t) v = time(algo, reps);
+    std::sort(t.begin(), t.end());
+    if (t[0] < 0) continue;
+    if (best_ms < 0 || t[1] < best_ms) {
+      best_ms = t[1];
+      best = algo;
+    }
+  }
+  (void)cudaEventDestroy(e0);
+  (void)cudaEventDestroy(e1);
+  plan.tuned_algo = best;
+  plan.tuned.store(true, std::memory_order_release);
 }
 
 void check_int(int64_t v, const char* what, const backend::GemmArgs& g) {
@@ -358,7 +421,8 @@ void gemm(const backend::GemmArgs& g) {
 
   switch (g.dtype) {
     case kFloat32: {
-      if (g.epilogue != backend::GemmEpilogue::None) break;  // cuBLASLt, below
+      // cuBLASLt, below: fused epilogues, and every float32 matmul when autotuning.
+      if (g.epilogue != backend::GemmEpilogue::None || tg::backends::cublas::benchmark()) break;
       cublasHandle_t h = cublas_handle(device);
       size_t ws_size = 0;
       void* ws = cublas_workspace(device, &ws_size);
@@ -410,16 +474,27 @@ void gemm(const backend::GemmArgs& g) {
   void* ws = cublas_workspace(device, &ws_size);
   const float alpha = 1.f, beta = 0.f;
   cublasLtHandle_t lt = cublaslt_handle(device);
-  if (g.epilogue == backend::GemmEpilogue::None) {
+  const bool benchmark = tg::backends::cublas::benchmark();
+  // Autotune on the plan's first eager call with the switch on (never while capturing: a graph
+  // replays what it captured, so it gets the tuned choice only if an eager call made it first).
+  const bool tune = benchmark && !plan.tuned.load(std::memory_order_acquire) && plan.offered.size() > 1 &&
+                    !current_stream_capturing(device);
+  if (g.epilogue == backend::GemmEpilogue::None && !tune) {
+    const cublasLtMatmulAlgo_t& algo =
+        benchmark && plan.tuned.load(std::memory_order_acquire) ? plan.tuned_algo : plan.algo;
     TG_CUBLAS_CHECK(cublasLtMatmul(lt, plan.desc.get(), &alpha, g.b, plan.a.get(), g.a, plan.b.get(), &beta, g.c,
-                                   plan.c.get(), g.c, plan.c.get(), &plan.algo, ws, ws_size, stream));
+                                   plan.c.get(), g.c, plan.c.get(), &algo, ws, ws_size, stream));
     return;
   }
   std::lock_guard<std::mutex> lock(plan.mu);
-  TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.get(), epilogue_pointer(g.epilogue), &g.epilogue_ptr,
-                                                 sizeof(g.epilogue_ptr)));
+  if (g.epilogue != backend::GemmEpilogue::None)
+    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.get(), epilogue_pointer(g.epilogue), &g.epilogue_ptr,
+                                                   sizeof(g.epilogue_ptr)));
+  if (tune && !plan.tuned.load(std::memory_order_acquire)) lt_tune(plan, g, lt, ws, ws_size, stream);
+  const cublasLtMatmulAlgo_t& algo =
+      benchmark && plan.tuned.load(std::memory_order_acquire) ? plan.tuned_algo : plan.algo;
   TG_CUBLAS_CHECK(cublasLtMatmul(lt, plan.desc.get(), &alpha, g.b, plan.a.get(), g.a, plan.b.get(), &beta, g.c,
-                                 plan.c.get(), g.c, plan.c.get(), &plan.algo, ws, ws_size, stream));
+                                 plan.c.get(), g.c, plan.c.get(), &algo, ws, ws_size, stream));
 }
 
 bool gemm_fuses(const backend::GemmArgs& g) {
