@@ -269,18 +269,15 @@ void lt_tune(const LtPlan& plan, const backend::GemmArgs& g, cublasLtHandle_t lt
     return cublasLtMatmul(lt, plan.desc.get(), &alpha, g.b, plan.a.get(), g.a, plan.b.get(), &beta, g.c, plan.c.get(),
                           g.c, plan.c.get(), &algo, ws, ws_size, stream);
   };
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  TG_CUDA_CHECK(cudaEventCreate(&e0));
-  TG_CUDA_CHECK(cudaEventCreate(&e1));
+  // Events on the current stream (gemm's `stream`), destroyed on every exit.
+  tg::cuda::Event e0, e1;
   auto time = [&](const cublasLtMatmulAlgo_t& algo, int reps) -> float {
-    TG_CUDA_CHECK(cudaEventRecord(e0, stream));
+    e0.record();
     for (int r = 0; r < reps; ++r)
       if (run(algo) != CUBLAS_STATUS_SUCCESS) return -1.f;
-    TG_CUDA_CHECK(cudaEventRecord(e1, stream));
-    TG_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    TG_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    return ms / static_cast<float>(reps);
+    e1.record();
+    e1.synchronize();
+    return e0.elapsed_ms(e1) / static_cast<float>(reps);
   };
   cublasLtMatmulAlgo_t best = plan.algo;
   float best_ms = -1.f;
@@ -299,8 +296,6 @@ void lt_tune(const LtPlan& plan, const backend::GemmArgs& g, cublasLtHandle_t lt
       best = algo;
     }
   }
-  (void)cudaEventDestroy(e0);
-  (void)cudaEventDestroy(e1);
   plan.tuned_algo = best;
   plan.tuned.store(true, std::memory_order_release);
 }

@@ -13,8 +13,6 @@
 // from a column-parallel kernel over row chunks (reading x and dy once more).
 // Dropout: one thread per Philox block (4 elements), the mask recomputed, never stored.
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <type_traits>
 
 #include <tapegrad/core/philox.h>
@@ -634,28 +632,6 @@ void with_vk(const NormPlan& p, F&& f) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Blocks of `threads` threads of `kern` that fit on one SM at once (asked once per kernel and
-// block size). Block-mode grids are sized by it: plan() assumes 2048 threads an SM, but a
-// backward kernel of ~64 registers fits 1024, and a grid of twice the resident blocks ran as two
-// waves and wrote twice the weight / bias partial rows.
-template <class F>
-int resident_blocks(F* kern, int threads) {
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, int> cache;
-  const auto key = std::make_pair(reinterpret_cast<const void*>(kern), threads);
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  int b = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, threads, 0) != cudaSuccess) {
-    (void)cudaGetLastError();
-    b = 0;
-  }
-  b = std::max(b, 1);
-  cache.emplace(key, b);
-  return b;
-}
-
 }  // namespace
 
 void norm_forward(const backend::NormArgs& a) {
@@ -722,8 +698,11 @@ void norm_backward(const backend::NormBackwardArgs& a) {
     if (p.k != 0 && !p.warp) {
       with_vk<T, V>(p, [&](auto vt, auto kt) {
         constexpr int VV = decltype(vt)::value, KK = decltype(kt)::value;
-        auto kern = add ? norm_bwd_kernel<T, VV, KK, false, true> : norm_bwd_kernel<T, VV, KK, false, false>;
-        grid = std::min<int64_t>(grid, int64_t{sm_count(device)} * resident_blocks(kern, p.threads));
+        // One full wave: plan() assumes 2048 threads an SM, but a backward kernel of ~64 registers
+        // fits 1024; twice the resident blocks ran as two waves and wrote twice the partial rows.
+        const int fit = add ? resident_blocks<norm_bwd_kernel<T, VV, KK, false, true>>(p.threads)
+                            : resident_blocks<norm_bwd_kernel<T, VV, KK, false, false>>(p.threads);
+        grid = std::min<int64_t>(grid, int64_t{sm_count(device)} * fit);
       });
     }
     // Partial rows of the weight / bias gradients: one per block, or per row chunk for long rows.

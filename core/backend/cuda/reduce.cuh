@@ -10,6 +10,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -340,18 +342,25 @@ __global__ void __launch_bounds__(kReduceThreads)
   if (lane == 0) r.store(out, out_dtype, o, acc);
 }
 
-// Blocks of kReduceThreads threads of `kernel` that fit on one SM at once (cached per kernel).
+// Blocks of `threads` threads of `kKernel` (no dynamic shared memory) that fit on one SM at once,
+// asked once per kernel and block size (a multiple of 32 up to 1024; others are asked each time).
+// Grids sized by it run as one full wave (split reductions, layer_norm's backward).
 template <auto kKernel>
-int resident_blocks() {
-  static const int n = [] {
-    int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kKernel, kReduceThreads, 0) != cudaSuccess) {
-      (void)cudaGetLastError();
-      b = 0;
-    }
-    return b > 0 ? b : 8;
-  }();
-  return n;
+int resident_blocks(int threads = kReduceThreads) {
+  static std::array<std::atomic<int>, 33> cache{};  // by threads / 32; 0: not asked yet
+  const bool cached = threads > 0 && threads <= 1024 && threads % 32 == 0;
+  if (cached) {
+    const int n = cache[threads / 32].load(std::memory_order_relaxed);
+    if (n > 0) return n;
+  }
+  int b = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kKernel, threads, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    b = 0;
+  }
+  b = b > 0 ? b : 8;  // unknown: the old fixed guess
+  if (cached) cache[threads / 32].store(b, std::memory_order_relaxed);
+  return b;
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
