@@ -9,6 +9,9 @@
 #include <string>
 
 #include <tapegrad/tapegrad.h>
+#ifdef TG_WITH_CUDA
+#include <tapegrad/core/backend/cuda/blas.h>
+#endif
 #include "benchmarks/bench_util.h"
 
 namespace {
@@ -40,17 +43,23 @@ Data make_data() {
 
 int main(int argc, char** argv) {
   // --cublas-benchmark: cuBLASLt algorithms timed per GEMM problem (tg::backends::cublas).
-  bool cublas_benchmark = false;
+  // --no-small-gemm: float32 GEMMs of few tiles to cuBLAS instead of small_gemm.cu (A/B).
+  bool cublas_benchmark = false, small_gemm = true;
   int out = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--cublas-benchmark")
       cublas_benchmark = true;
+    else if (std::string(argv[i]) == "--no-small-gemm")
+      small_gemm = false;
     else
       argv[out++] = argv[i];
   }
   argc = out;
   auto o = tg::bench::parse_options(argc, argv);
   if (cublas_benchmark && tg::cuda::is_available()) tg::backends::cublas::set_benchmark(true);
+#ifdef TG_WITH_CUDA
+  tg::cuda::detail::set_small_sgemm(small_gemm);
+#endif
   if (!tg::cuda::is_available()) {
     std::fprintf(stderr, "tg_bench_models: no CUDA device\n");
     return 0;

@@ -331,8 +331,9 @@ TEST(CudaGraph, DestroyedStreamsGiveBackTheirWorkspaces) {
   TG_SKIP_WITHOUT_CUDA();
   manual_seed(5);
   const TensorOptions o = TensorOptions().device(Device(kCUDA, 0));
-  auto a = randn({64, 64}, o), b = randn({64, 64}, o);
-  auto target = randn({64, 64}, o);
+  // 768 x 768 float32: past small_gemm.cu's limit, so the matmul takes cuBLAS and its workspace.
+  auto a = randn({768, 768}, o), b = randn({768, 768}, o);
+  auto target = randn({768, 768}, o);
   const std::vector<float> expect = host(matmul(a, b));
   cuda::synchronize();
   const size_t base = cuda::memory_allocated();
@@ -347,7 +348,7 @@ TEST(CudaGraph, DestroyedStreamsGiveBackTheirWorkspaces) {
   }
   EXPECT_EQ(cuda::memory_allocated(), base);
 
-  auto out = zeros({64, 64}, o);
+  auto out = zeros({768, 768}, o);
   cuda::Graph graph;
   {
     cuda::Stream s;

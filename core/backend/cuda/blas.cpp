@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <tapegrad/core/backend/cuda/done_counters.h>
+#include <tapegrad/core/backend/cuda/kernels.cuh>
 #include <tapegrad/core/backend/cuda/runtime.h>
 #include <tapegrad/core/cuda.h>
 #include <tapegrad/core/ops.h>
@@ -382,6 +383,17 @@ void release_stream_resources(int device, cudaStream_t stream) noexcept {
   release_done_counters(device, stream);
 }
 
+namespace {
+std::atomic<bool> g_small_sgemm{true};
+}  // namespace
+
+void set_small_sgemm(bool on) { g_small_sgemm.store(on, std::memory_order_relaxed); }
+bool small_sgemm_enabled() { return g_small_sgemm.load(std::memory_order_relaxed); }
+
+bool small_sgemm_applies(const backend::GemmArgs& g) {
+  return g.dtype == kFloat32 && small_sgemm_enabled() && !tg::allow_tf32() && kern::small_sgemm_fits(g);
+}
+
 void gemm(const backend::GemmArgs& g) {
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
   const int device = g.device.index() >= 0 ? g.device.index() : resolve(-1);
@@ -416,6 +428,11 @@ void gemm(const backend::GemmArgs& g) {
 
   switch (g.dtype) {
     case kFloat32: {
+      // Few output tiles, full float32: the split-K kernel of small_gemm.cu, epilogue included.
+      if (small_sgemm_applies(g)) {
+        kern::small_sgemm(g, device, stream);
+        return;
+      }
       // cuBLASLt, below: fused epilogues, and every float32 matmul when autotuning.
       if (g.epilogue != backend::GemmEpilogue::None || tg::backends::cublas::benchmark()) break;
       cublasHandle_t h = cublas_handle(device);
@@ -493,7 +510,7 @@ void gemm(const backend::GemmArgs& g) {
 }
 
 bool gemm_fuses(const backend::GemmArgs& g) {
-  if (g.epilogue == backend::GemmEpilogue::None) return true;
+  if (g.epilogue == backend::GemmEpilogue::None || small_sgemm_applies(g)) return true;
   if (g.batch != 1 || g.m == 0 || g.n == 0 || g.k == 0 || g.epilogue_ptr == nullptr) return false;
   if (g.dtype != kFloat32 && g.dtype != kFloat16 && g.dtype != kBFloat16) return false;
   for (int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldc})

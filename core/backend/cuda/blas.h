@@ -1,6 +1,7 @@
-// Internal: the CUDA gemm behind CudaBackend::gemm (cuBLAS for float32/float64,
-// cuBLASLt for float16/bfloat16, float32 results of half operands and fused epilogues). Row-major GemmArgs are mapped
-// onto the column-major libraries here; callers pass validated arguments.
+// Internal: the CUDA gemm behind CudaBackend::gemm (cuBLAS for float32/float64, cuBLASLt for
+// float16/bfloat16, float32 results of half operands and fused epilogues; small_gemm.cu for
+// float32 gemms of few output tiles). Row-major GemmArgs are mapped onto the column-major
+// libraries here; callers pass validated arguments.
 #pragma once
 #include <tapegrad/core/backend/backend.h>
 
@@ -9,5 +10,12 @@ namespace tg::cuda::detail {
 void gemm(const tg::backend::GemmArgs& a);
 // Whether gemm(a) fuses a.epilogue (cuBLASLt has a kernel for it); builds and caches the plan.
 bool gemm_fuses(const tg::backend::GemmArgs& a);
+
+// Whether gemm(a) runs small_gemm.cu's split-K float32 kernel (float32 without TF32, batch 1,
+// at most 2^19 outputs; None / Bias / RowSumsA / ColSumsB epilogues) instead of cuBLAS.
+// set_small_sgemm(false) sends those to cuBLAS too (tests and A/B benchmarks; default on).
+bool small_sgemm_applies(const tg::backend::GemmArgs& a);
+void set_small_sgemm(bool on);
+bool small_sgemm_enabled();
 
 }  // namespace tg::cuda::detail

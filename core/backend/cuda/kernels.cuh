@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include <cuda_runtime_api.h>
+
 #include <tapegrad/core/backend/backend.h>
 
 namespace tg::cuda::kern {
@@ -21,6 +23,9 @@ void mse_loss(const Tensor& out, const Tensor& input, const Tensor& target, back
 void mse_loss_backward(const Tensor& grad_input, const Tensor& grad_target, const Tensor& grad, const Tensor& input,
                        const Tensor& target, backend::LossReduction r);
 void linear_grad_weight_bias(const Tensor& gw, const Tensor& gb, const Tensor& g, const Tensor& x);  // linear_grad.cu
+// float32 gemms of few output tiles, split over K (small_gemm.cu): whether g fits, and the launch.
+bool small_sgemm_fits(const backend::GemmArgs& g);
+void small_sgemm(const backend::GemmArgs& g, int device, cudaStream_t stream);
 // ---- issue 15: softmax and cross_entropy (softmax.cu)
 void softmax(const Tensor& out, const Tensor& in, bool log);
 void softmax_backward(const Tensor& grad_in, const Tensor& grad, const Tensor& out, bool log);

@@ -1,0 +1,297 @@
+// CUDA: float32 gemms with few output tiles (a batch-128 MLP's layers and their gradients), on
+// CUDA cores, split over K, with the bias / bias-gradient epilogues fused.
+// Why hand-written: with TF32 off (PyTorch's default) cuBLAS / cuBLASLt run these shapes
+// ([128, 784] x [784, 512] and the like) with 16-32 output tiles, i.e. most SMs idle, 4-9 us
+// each plus a separate split-K reduction kernel (NOTES.md, issue 15: none of the offered
+// algorithms ran one below ~7 us). Here a 64 x 64 tile is split over K into up to 8 blocks,
+// enough to fill the GPU once; each block keeps 4 x 4 accumulators a thread (256 threads,
+// 16-wide K steps through double-buffered shared memory, the next step's loads in registers
+// meanwhile). The blocks of one tile form a thread block cluster: each leaves its partial
+// tile in its shared memory, and after a cluster barrier each block adds a slice of the tile
+// from all of them (distributed shared memory) in split order and runs the epilogue. No
+// global workspace, no atomics: the result is bit-reproducible for given operands and device.
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include <cooperative_groups.h>
+
+#include <tapegrad/core/backend/cuda/kernels.cuh>
+#include <tapegrad/core/backend/cuda/reduce.cuh>
+#include <tapegrad/core/backend/cuda/runtime.h>
+#include <tapegrad/core/error.h>
+
+namespace tg::cuda::kern {
+namespace {
+
+constexpr int kTile = 64, kStep = 16, kThreads = 256, kPad = 4;
+constexpr int kMaxSplits = 16;  // a cluster's blocks (beyond 8: a non-portable size, asked for)
+constexpr int64_t kMaxOutputs = int64_t{1} << 19;  // m * n routed here, at most
+constexpr int kLd = kTile + kPad;                   // shared rows of a K step, padded
+constexpr int kStageFloats = kStep * kLd;           // one operand's K step
+
+enum Epi : int { kNone, kBias, kRowSumsA, kColSumsB };
+
+struct SgemmArgs {
+  const float* a;
+  const float* b;
+  float* c;
+  int m, n, k;
+  int64_t lda, ldb, ldc;
+  int tiles_n;
+  int k_per_split;  // a multiple of kStep
+  int epi;
+  float* v;  // bias (read) or row / column sums (written)
+};
+
+template <bool TA, bool TB>
+__global__ void __launch_bounds__(kThreads) small_sgemm_kernel(SgemmArgs p) {
+  namespace cg = cooperative_groups;
+  // [A buffer 0, A buffer 1, B buffer 0, B buffer 1], each [kStep][kLd]; then the partial tile.
+  __shared__ __align__(16) float sm[4 * kStageFloats];
+  __shared__ float vsum[kTile];
+  static_assert(4 * kStageFloats >= kTile * kTile, "the partial tile reuses the staging buffers");
+  const int t = threadIdx.x, tx = t % 16, ty = t / 16;
+  const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const int tm = tile / p.tiles_n, tn = tile % p.tiles_n;
+  const int m0 = tm * kTile, n0 = tn * kTile;
+  const int kb = split * p.k_per_split, ke = min(p.k, kb + p.k_per_split);
+  // Which sums this thread keeps: A's rows (the tile column 0's blocks, a thread per 4 rows)
+  // or B's columns (tile row 0's, a thread per 4 columns).
+  const bool row_lane = p.epi == kRowSumsA && tn == 0 && tx == 0;
+  const bool col_lane = p.epi == kColSumsB && tm == 0 && ty == 0;
+  auto as = [&](int buf, int kk, int row) -> float& { return sm[buf * kStageFloats + kk * kLd + row]; };
+  auto bs = [&](int buf, int kk, int col) -> float& { return sm[(2 + buf) * kStageFloats + kk * kLd + col]; };
+
+  // Loader: 4 elements of A's and of B's 64 x 16 step per thread, coalesced along the
+  // operand's contiguous dimension; zero outside the matrix and this split's K range.
+  float ra[4], rb[4];
+  auto a_pos = [&](int r, int& row, int& kk) {
+    const int e = t + kThreads * r;
+    if (TA) {
+      kk = e / kTile;
+      row = e % kTile;
+    } else {
+      row = e / kStep;
+      kk = e % kStep;
+    }
+  };
+  auto b_pos = [&](int r, int& col, int& kk) {
+    const int e = t + kThreads * r;
+    if (TB) {
+      col = e / kStep;
+      kk = e % kStep;
+    } else {
+      kk = e / kTile;
+      col = e % kTile;
+    }
+  };
+  auto load = [&](int k0) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      int row, kk, col, kb2;
+      a_pos(r, row, kk);
+      const int gi = m0 + row, gk = k0 + kk;
+      ra[r] = gi < p.m && gk < ke ? __ldg(p.a + (TA ? int64_t{gk} * p.lda + gi : int64_t{gi} * p.lda + gk)) : 0.f;
+      b_pos(r, col, kb2);
+      const int gj = n0 + col, gk2 = k0 + kb2;
+      rb[r] = gj < p.n && gk2 < ke ? __ldg(p.b + (TB ? int64_t{gj} * p.ldb + gk2 : int64_t{gk2} * p.ldb + gj)) : 0.f;
+    }
+  };
+  auto store = [&](int buf) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      int row, kk, col, kb2;
+      a_pos(r, row, kk);
+      as(buf, kk, row) = ra[r];
+      b_pos(r, col, kb2);
+      bs(buf, kb2, col) = rb[r];
+    }
+  };
+
+  float acc[4][4];
+  float vs[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+
+  int buf = 0;
+  load(kb);  // every split has kb < ke
+  store(0);
+  __syncthreads();
+  for (int k0 = kb; k0 < ke; k0 += kStep) {
+    const bool more = k0 + kStep < ke;
+    if (more) load(k0 + kStep);
+#pragma unroll
+    for (int kk = 0; kk < kStep; ++kk) {
+      const float4 av = *reinterpret_cast<const float4*>(&as(buf, kk, ty * 4));
+      const float4 bv = *reinterpret_cast<const float4*>(&bs(buf, kk, tx * 4));
+      const float a4[4] = {av.x, av.y, av.z, av.w}, b4[4] = {bv.x, bv.y, bv.z, bv.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a4[i], b4[j], acc[i][j]);
+    }
+    if (row_lane || col_lane) {
+      for (int kk = 0; kk < kStep; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) vs[i] += row_lane ? as(buf, kk, ty * 4 + i) : bs(buf, kk, tx * 4 + i);
+    }
+    if (more) store(buf ^ 1);
+    __syncthreads();
+    buf ^= 1;
+  }
+
+  auto write = [&](int row, int col, float s) {
+    const int gi = m0 + row, gj = n0 + col;
+    if (gi < p.m && gj < p.n) p.c[int64_t{gi} * p.ldc + gj] = p.epi == kBias ? s + __ldg(p.v + gj) : s;
+  };
+  const bool sums = (p.epi == kRowSumsA && tn == 0) || (p.epi == kColSumsB && tm == 0);
+  auto write_v = [&](int e, float s) {
+    const int o = (p.epi == kRowSumsA ? m0 : n0) + e;
+    if (o < (p.epi == kRowSumsA ? p.m : p.n)) p.v[o] = s;
+  };
+
+  if (splits == 1) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) write(ty * 4 + i, tx * 4 + j, acc[i][j]);
+    if (row_lane || col_lane)
+      for (int i = 0; i < 4; ++i) write_v((row_lane ? ty : tx) * 4 + i, vs[i]);
+    return;
+  }
+
+  // Split K: the tile's blocks are one cluster. Each leaves its partial tile (and sums) in its
+  // shared memory; after the barrier, block `split` adds rows [split, split + 1) * 64 / splits
+  // of every partial in split order (the same bits whichever block ran first) and stores them.
+  cg::cluster_group cluster = cg::this_cluster();
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    *reinterpret_cast<float4*>(&sm[(ty * 4 + i) * kTile + tx * 4]) =
+        make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+  if (row_lane || col_lane)
+    for (int i = 0; i < 4; ++i) vsum[(row_lane ? ty : tx) * 4 + i] = vs[i];
+  cluster.sync();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int lo = rank * (kTile * kTile) / splits, hi = (rank + 1) * (kTile * kTile) / splits;
+  for (int e = lo + t; e < hi; e += kThreads) {
+    float part[kMaxSplits];
+#pragma unroll
+    for (int q = 0; q < kMaxSplits; ++q) part[q] = q < splits ? cluster.map_shared_rank(sm, q)[e] : 0.f;
+    float s = 0.f;
+#pragma unroll
+    for (int q = 0; q < kMaxSplits; ++q)
+      if (q < splits) s += part[q];
+    write(e / kTile, e % kTile, s);
+  }
+  if (sums && rank == 0 && t < kTile) {
+    float s = 0.f;
+    for (int q = 0; q < splits; ++q) s += cluster.map_shared_rank(vsum, q)[t];
+    write_v(t, s);
+  }
+  cluster.sync();  // no block leaves while another still reads its shared memory
+}
+
+using Kernel = void (*)(SgemmArgs);
+Kernel kernel_of(bool ta, bool tb) {
+  return ta ? (tb ? small_sgemm_kernel<true, true> : small_sgemm_kernel<true, false>)
+            : (tb ? small_sgemm_kernel<false, true> : small_sgemm_kernel<false, false>);
+}
+
+// The largest cluster (<= kMaxSplits blocks along y) the device can hold for this kernel,
+// asked once per device and variant (16 where the GPU allows that non-portable size).
+int max_cluster(int device, bool ta, bool tb) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, bool, bool>, int> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = known.try_emplace({device, ta, tb}, 1);
+  if (!fresh) return it->second;
+  Kernel k = kernel_of(ta, tb);
+  if (cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) (void)cudaGetLastError();
+  for (int size = kMaxSplits; size > 1; --size) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(1, static_cast<unsigned>(size));
+    cfg.blockDim = dim3(kThreads);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = static_cast<unsigned>(size);
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, k, &cfg) == cudaSuccess && clusters > 0) {
+      it->second = size;
+      break;
+    }
+    (void)cudaGetLastError();
+  }
+  return it->second;
+}
+
+int epi_of(backend::GemmEpilogue e) {
+  switch (e) {
+    case backend::GemmEpilogue::None: return kNone;
+    case backend::GemmEpilogue::Bias: return kBias;
+    case backend::GemmEpilogue::RowSumsA: return kRowSumsA;
+    case backend::GemmEpilogue::ColSumsB: return kColSumsB;
+    default: return -1;
+  }
+}
+
+}  // namespace
+
+bool small_sgemm_fits(const backend::GemmArgs& g) {
+  return g.dtype == kFloat32 && !g.c_float32 && g.batch == 1 && epi_of(g.epilogue) >= 0 &&
+         (g.epilogue == backend::GemmEpilogue::None || g.epilogue_ptr != nullptr) && g.m >= 1 && g.n >= 1 &&
+         g.k >= 1 && g.m * g.n <= kMaxOutputs && g.k <= INT_MAX / 2 && g.lda <= INT_MAX && g.ldb <= INT_MAX &&
+         g.ldc <= INT_MAX;
+}
+
+void small_sgemm(const backend::GemmArgs& g, int device, cudaStream_t stream) {
+  TG_CHECK(small_sgemm_fits(g), "matmul: the small float32 gemm does not take [", g.m, ", ", g.k, "] x [", g.k, ", ",
+           g.n, "] (batch ", g.batch, ")");
+  SgemmArgs p{};
+  p.a = static_cast<const float*>(g.a);
+  p.b = static_cast<const float*>(g.b);
+  p.c = static_cast<float*>(g.c);
+  p.m = static_cast<int>(g.m);
+  p.n = static_cast<int>(g.n);
+  p.k = static_cast<int>(g.k);
+  p.lda = g.lda;
+  p.ldb = g.ldb;
+  p.ldc = g.ldc;
+  p.epi = epi_of(g.epilogue);
+  p.v = static_cast<float*>(g.epilogue_ptr);
+  const int tiles_m = (p.m + kTile - 1) / kTile;
+  p.tiles_n = (p.n + kTile - 1) / kTile;
+  const int tiles = tiles_m * p.tiles_n;
+  const int steps = (p.k + kStep - 1) / kStep;
+  // Splits (a cluster's blocks): about two blocks per SM (8 warps each: more warps hide the
+  // loads and the shared-memory reads), at least two K steps each, as many steps in each.
+  const int want = std::clamp(std::min(2 * sm_count(device) / tiles, steps / 2), 1,
+                              max_cluster(device, g.trans_a, g.trans_b));
+  const int per_split = (steps + want - 1) / want;
+  const int splits = (steps + per_split - 1) / per_split;
+  p.k_per_split = per_split * kStep;
+
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits));
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = static_cast<unsigned>(splits);
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  TG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel_of(g.trans_a, g.trans_b), p));
+}
+
+}  // namespace tg::cuda::kern
