@@ -12,7 +12,8 @@ void gemm(const tg::backend::GemmArgs& a);
 bool gemm_fuses(const tg::backend::GemmArgs& a);
 
 // Whether gemm(a) runs small_gemm.cu's split-K float32 kernel (float32 without TF32, batch 1,
-// at most 2^19 outputs; None / Bias / RowSumsA / ColSumsB epilogues) instead of cuBLAS.
+// at most 2^19 outputs and 16 K steps of 16 a block; None / Bias / RowSumsA / ColSumsB
+// epilogues) instead of cuBLAS.
 // set_small_sgemm(false) sends those to cuBLAS too (tests and A/B benchmarks; default on).
 bool small_sgemm_applies(const tg::backend::GemmArgs& a);
 void set_small_sgemm(bool on);

@@ -3,13 +3,14 @@
 // Why hand-written: with TF32 off (PyTorch's default) cuBLAS / cuBLASLt run these shapes
 // ([128, 784] x [784, 512] and the like) with 16-32 output tiles, i.e. most SMs idle, 4-9 us
 // each plus a separate split-K reduction kernel (NOTES.md, issue 15: none of the offered
-// algorithms ran one below ~7 us). Here a 64 x 64 tile is split over K into up to 8 blocks,
-// enough to fill the GPU once; each block keeps 4 x 4 accumulators a thread (256 threads,
-// 16-wide K steps through double-buffered shared memory, the next step's loads in registers
-// meanwhile). The blocks of one tile form a thread block cluster: each leaves its partial
-// tile in its shared memory, and after a cluster barrier each block adds a slice of the tile
-// from all of them (distributed shared memory) in split order and runs the epilogue. No
-// global workspace, no atomics: the result is bit-reproducible for given operands and device.
+// algorithms ran one below ~7 us). Here a 64 x 64 tile is split over K into up to 16 blocks
+// (about two per SM over the grid, at most 16 K steps each: longer loops stay with cuBLAS);
+// each block keeps 4 x 4 accumulators a thread (256 threads, 16-wide K steps through
+// double-buffered shared memory, the next step's loads in registers meanwhile). The blocks of
+// one tile form a thread block cluster (sm_90; older GPUs get unsplit launches only): each
+// leaves its partial tile in its shared memory, and after a cluster barrier each block adds a
+// slice of the tile from all of them (distributed shared memory) in split order and runs the
+// epilogue. No global workspace, no atomics: bit-reproducible for given operands and device.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -28,10 +29,11 @@ namespace tg::cuda::kern {
 namespace {
 
 constexpr int kTile = 64, kStep = 16, kThreads = 256, kPad = 4;
-constexpr int kMaxSplits = 16;  // a cluster's blocks (beyond 8: a non-portable size, asked for)
+constexpr int kMaxSplits = 16;                     // a cluster's blocks (> 8: non-portable, asked for)
 constexpr int64_t kMaxOutputs = int64_t{1} << 19;  // m * n routed here, at most
-constexpr int kLd = kTile + kPad;                   // shared rows of a K step, padded
-constexpr int kStageFloats = kStep * kLd;           // one operand's K step
+constexpr int kMaxStepsPerSplit = 16;              // K steps a block, at most (see plan_of)
+constexpr int kLd = kTile + kPad;                  // shared rows of a K step, padded
+constexpr int kStageFloats = kStep * kLd;          // one operand's K step
 
 enum Epi : int { kNone, kBias, kRowSumsA, kColSumsB };
 
@@ -52,7 +54,6 @@ __global__ void __launch_bounds__(kThreads) small_sgemm_kernel(SgemmArgs p) {
   namespace cg = cooperative_groups;
   // [A buffer 0, A buffer 1, B buffer 0, B buffer 1], each [kStep][kLd]; then the partial tile.
   __shared__ __align__(16) float sm[4 * kStageFloats];
-  __shared__ float vsum[kTile];
   static_assert(4 * kStageFloats >= kTile * kTile, "the partial tile reuses the staging buffers");
   const int t = threadIdx.x, tx = t % 16, ty = t / 16;
   const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
@@ -150,7 +151,6 @@ __global__ void __launch_bounds__(kThreads) small_sgemm_kernel(SgemmArgs p) {
     const int gi = m0 + row, gj = n0 + col;
     if (gi < p.m && gj < p.n) p.c[int64_t{gi} * p.ldc + gj] = p.epi == kBias ? s + __ldg(p.v + gj) : s;
   };
-  const bool sums = (p.epi == kRowSumsA && tn == 0) || (p.epi == kColSumsB && tm == 0);
   auto write_v = [&](int e, float s) {
     const int o = (p.epi == kRowSumsA ? m0 : n0) + e;
     if (o < (p.epi == kRowSumsA ? p.m : p.n)) p.v[o] = s;
@@ -167,8 +167,13 @@ __global__ void __launch_bounds__(kThreads) small_sgemm_kernel(SgemmArgs p) {
   }
 
   // Split K: the tile's blocks are one cluster. Each leaves its partial tile (and sums) in its
-  // shared memory; after the barrier, block `split` adds rows [split, split + 1) * 64 / splits
-  // of every partial in split order (the same bits whichever block ran first) and stores them.
+  // shared memory; after the barrier, the block of rank r adds elements [r, r + 1) * 4096 /
+  // splits of every partial in split order (the same bits whichever block ran first).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // clusters need sm_90; plan_of never splits on older GPUs
+#else
+  __shared__ float vsum[kTile];  // this block's row / column sums
+  const bool sums = (p.epi == kRowSumsA && tn == 0) || (p.epi == kColSumsB && tm == 0);
   cg::cluster_group cluster = cg::this_cluster();
 #pragma unroll
   for (int i = 0; i < 4; ++i)
@@ -195,6 +200,7 @@ __global__ void __launch_bounds__(kThreads) small_sgemm_kernel(SgemmArgs p) {
     write_v(t, s);
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
+#endif
 }
 
 using Kernel = void (*)(SgemmArgs);
@@ -211,6 +217,11 @@ int max_cluster(int device, bool ta, bool tb) {
   std::lock_guard<std::mutex> lock(mu);
   auto [it, fresh] = known.try_emplace({device, ta, tb}, 1);
   if (!fresh) return it->second;
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major < 9) {
+    (void)cudaGetLastError();
+    return it->second;  // no clusters before Hopper: unsplit only
+  }
   Kernel k = kernel_of(ta, tb);
   if (cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) (void)cudaGetLastError();
   for (int size = kMaxSplits; size > 1; --size) {
@@ -244,18 +255,46 @@ int epi_of(backend::GemmEpilogue e) {
   }
 }
 
+// The launch's shape: tiles, and K split so the grid holds about two blocks per SM (8 warps
+// each: more warps hide the loads and the shared-memory reads), at least two K steps each, as
+// many steps in each. splits = 0: not this kernel's problem.
+struct Plan {
+  int tiles_n = 0, tiles = 0, splits = 0, per_split = 0;  // per_split in K steps
+};
+
+Plan plan_of(const backend::GemmArgs& g, int device) {
+  Plan pl;
+  if (g.dtype != kFloat32 || g.c_float32 || g.batch != 1 || epi_of(g.epilogue) < 0 ||
+      (g.epilogue != backend::GemmEpilogue::None && g.epilogue_ptr == nullptr) || g.m < 1 || g.n < 1 || g.k < 1 ||
+      g.m * g.n > kMaxOutputs || g.k > INT_MAX / 2 || g.lda > INT_MAX || g.ldb > INT_MAX || g.ldc > INT_MAX)
+    return pl;
+  const int tiles_m = static_cast<int>((g.m + kTile - 1) / kTile);
+  pl.tiles_n = static_cast<int>((g.n + kTile - 1) / kTile);
+  pl.tiles = tiles_m * pl.tiles_n;
+  const int steps = static_cast<int>((g.k + kStep - 1) / kStep);
+  const int want =
+      std::clamp(std::min(2 * sm_count(device) / pl.tiles, steps / 2), 1, max_cluster(device, g.trans_a, g.trans_b));
+  pl.per_split = (steps + want - 1) / want;
+  // Past kMaxStepsPerSplit a block's K loop is long enough for cuBLAS's larger tiles to win
+  // (this kernel issues at ~0.35 instructions a cycle per scheduler: it is for latency-bound
+  // problems), so those stay with cuBLAS.
+  if (pl.per_split > kMaxStepsPerSplit) return pl;
+  pl.splits = (steps + pl.per_split - 1) / pl.per_split;
+  return pl;
+}
+
 }  // namespace
 
 bool small_sgemm_fits(const backend::GemmArgs& g) {
-  return g.dtype == kFloat32 && !g.c_float32 && g.batch == 1 && epi_of(g.epilogue) >= 0 &&
-         (g.epilogue == backend::GemmEpilogue::None || g.epilogue_ptr != nullptr) && g.m >= 1 && g.n >= 1 &&
-         g.k >= 1 && g.m * g.n <= kMaxOutputs && g.k <= INT_MAX / 2 && g.lda <= INT_MAX && g.ldb <= INT_MAX &&
-         g.ldc <= INT_MAX;
+  int device = g.device.index();
+  if (device < 0) TG_CUDA_CHECK(cudaGetDevice(&device));
+  return plan_of(g, device).splits > 0;
 }
 
 void small_sgemm(const backend::GemmArgs& g, int device, cudaStream_t stream) {
-  TG_CHECK(small_sgemm_fits(g), "matmul: the small float32 gemm does not take [", g.m, ", ", g.k, "] x [", g.k, ", ",
-           g.n, "] (batch ", g.batch, ")");
+  const Plan pl = plan_of(g, device);
+  TG_CHECK(pl.splits > 0, "matmul: the small float32 gemm does not take [", g.m, ", ", g.k, "] x [", g.k, ", ", g.n,
+           "] (batch ", g.batch, ")");
   SgemmArgs p{};
   p.a = static_cast<const float*>(g.a);
   p.b = static_cast<const float*>(g.b);
@@ -268,26 +307,17 @@ void small_sgemm(const backend::GemmArgs& g, int device, cudaStream_t stream) {
   p.ldc = g.ldc;
   p.epi = epi_of(g.epilogue);
   p.v = static_cast<float*>(g.epilogue_ptr);
-  const int tiles_m = (p.m + kTile - 1) / kTile;
-  p.tiles_n = (p.n + kTile - 1) / kTile;
-  const int tiles = tiles_m * p.tiles_n;
-  const int steps = (p.k + kStep - 1) / kStep;
-  // Splits (a cluster's blocks): about two blocks per SM (8 warps each: more warps hide the
-  // loads and the shared-memory reads), at least two K steps each, as many steps in each.
-  const int want = std::clamp(std::min(2 * sm_count(device) / tiles, steps / 2), 1,
-                              max_cluster(device, g.trans_a, g.trans_b));
-  const int per_split = (steps + want - 1) / want;
-  const int splits = (steps + per_split - 1) / per_split;
-  p.k_per_split = per_split * kStep;
+  p.tiles_n = pl.tiles_n;
+  p.k_per_split = pl.per_split * kStep;
 
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits));
+  cfg.gridDim = dim3(static_cast<unsigned>(pl.tiles), static_cast<unsigned>(pl.splits));
   cfg.blockDim = dim3(kThreads);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = static_cast<unsigned>(splits);
+  attr[0].val.clusterDim.y = static_cast<unsigned>(pl.splits);
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
