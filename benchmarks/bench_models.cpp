@@ -4,6 +4,7 @@
 // captured whole into a tg::cuda::Graph and replayed once per epoch (a fresh randperm copied into
 // the order tensor the graph reads). Host wall clock around a synchronised epoch, median of repeats.
 // --cublas-benchmark: the same with cuBLASLt's algorithms timed per GEMM problem.
+// --no-small-gemm: float32 GEMMs to cuBLAS instead of small_gemm.cu (A/B).
 #include <algorithm>
 #include <cstdio>
 #include <string>

@@ -108,7 +108,8 @@ bool allow_tf32();
 namespace tg::backends::cublas {
 // Autotune, as cudnn::set_benchmark for matmuls (PyTorch's torch.cuda.tunable): each new problem
 // (shape, dtype, layout, fused epilogue) times every algorithm cuBLASLt's heuristic offers on its
-// first eager call and keeps the fastest; float32 matmuls then go through cuBLASLt too. Default
+// first eager call and keeps the fastest; float32 matmuls then go through cuBLASLt too (except
+// those of few output tiles, which tapegrad's own split-K kernel runs either way). Default
 // false (the heuristic's first choice). Like cudnn's, the choice is made by timing, so two runs
 // may pick different algorithms and differ in the last bits.
 void set_benchmark(bool on);

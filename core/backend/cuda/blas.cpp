@@ -1,7 +1,8 @@
 // cuBLAS / cuBLASLt handles, the per-stream workspace, and the gemm of the CUDA
 // backend. Row-major C = A B is computed as the column-major C^T = B^T A^T: the
 // libraries get (B, A) with m and n swapped, so no data is ever transposed.
-// float32 goes to cublasGemmEx, float64 to cublasDgemm; float16 / bfloat16, a float32 C
+// float32 of few output tiles (TF32 off) goes to small_gemm.cu's split-K kernel, other float32 to
+// cublasGemmEx, float64 to cublasDgemm; float16 / bfloat16, a float32 C
 // from half operands, and every fused epilogue (bias, bias gradient) go to cuBLASLt through a
 // plan cached per problem, as does float32 when autotuning (tg::backends::cublas::set_benchmark:
 // a plan times the algorithms cuBLASLt's heuristic offers on its first eager call and keeps the
