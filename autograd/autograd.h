@@ -78,6 +78,9 @@ struct InputMeta {
   DType dtype = kFloat32;
   Device device;
   std::optional<DType> wide_dtype;
+  // The gradient arriving here is also cast to this dtype by the node's backward (a mixed add's
+  // half operand, see grad_twin_dtype): a producer may write that cast beside it.
+  std::optional<DType> twin_dtype;
 };
 
 // A step of the backward graph: takes one gradient per forward output, returns

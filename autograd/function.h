@@ -125,6 +125,14 @@ Edge gradient_edge(const Tensor& t);
 // it has one, else its dtype.
 DType wanted_grad_dtype(const Edge& e);
 
+// The dtype the node at n.next_edges[i] will also cast the gradient it receives for that edge to
+// (InputMeta::twin_dtype, set by expect_grad_cast), when any: a backward whose kernel can write
+// that cast of input i's gradient in the same pass leaves it as the gradient's twin
+// (core/cast_copies.h), and the cast takes it. Only a hint: values are the same either way.
+std::optional<DType> grad_twin_dtype(const Node& n, size_t i);
+// Marks out (just recorded) as an output whose gradient its node's backward also casts to dtype.
+void expect_grad_cast(const Tensor& out, DType dtype);
+
 // The gradient another consumer of input i of node n already sent, taken out of the engine's sum
 // for n.next_edges[i] when it is exactly one tensor of `shape`, `dtype` and `device`: a backward
 // that adds it into the gradient it writes for input i (a fused kernel's addend) saves the engine

@@ -154,6 +154,18 @@ Edge gradient_edge(const Tensor& t) {
   return Edge{std::move(acc), 0};
 }
 
+std::optional<DType> grad_twin_dtype(const Node& n, size_t i) {
+  if (i >= n.next_edges.size() || !n.next_edges[i].fn) return std::nullopt;
+  const Edge& e = n.next_edges[i];
+  return e.fn->input_meta.at(e.input_nr).twin_dtype;
+}
+
+void expect_grad_cast(const Tensor& out, DType dtype) {
+  const auto& m = out.impl().autograd;
+  if (!m || !m->grad_fn) return;
+  m->grad_fn->input_meta.at(m->output_nr).twin_dtype = dtype;
+}
+
 DType wanted_grad_dtype(const Edge& e) {
   const InputMeta& m = e.fn->input_meta.at(e.input_nr);
   return m.wide_dtype.value_or(m.dtype);

@@ -15,6 +15,7 @@
 //   tg_bench_gpt2 --cublas-benchmark       # cuBLASLt algorithms timed per GEMM problem (backends::cublas)
 //   tg_bench_gpt2 --nondeterministic       # use_deterministic_algorithms(false): atomics in SDPA backward, embedding
 //   tg_bench_gpt2 --unfused-bias-grad      # linear bias gradients as reductions, not cuBLASLt BGRAD epilogues
+//   tg_bench_gpt2 --no-cast-twins          # norms write no bf16 twin beside their float32 output / input gradient
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include <tapegrad/core/cast_copies.h>
 #include <tapegrad/core/native.h>
 #include <tapegrad/tapegrad.h>
 #include "benchmarks/bench_util.h"
@@ -37,6 +39,7 @@ struct Flags {
   bool cublas_benchmark = false;  // --cublas-benchmark: cuBLASLt algorithms timed per GEMM problem
   bool nondeterministic = false;  // --nondeterministic: tg::use_deterministic_algorithms(false)
   bool unfused_bias_grad = false;  // --unfused-bias-grad: bias gradients as reductions, not GEMM epilogues
+  bool no_cast_twins = false;  // --no-cast-twins: norms write no lowered twin (core/cast_copies.h)
 };
 
 // Takes this program's flags out of argv; the rest go to tg::bench::parse_options.
@@ -72,6 +75,10 @@ Flags take_flags(int& argc, char** argv) {
     }
     if (std::strcmp(argv[i], "--unfused-bias-grad") == 0) {
       f.unfused_bias_grad = true;
+      continue;
+    }
+    if (std::strcmp(argv[i], "--no-cast-twins") == 0) {
+      f.no_cast_twins = true;
       continue;
     }
     if (num("--batch", f.batch) || num("--seq", f.seq) || num("--layers", f.layers) || num("--heads", f.heads) ||
@@ -207,6 +214,7 @@ int main(int argc, char** argv) {
   if (cuda && f.cublas_benchmark) tg::backends::cublas::set_benchmark(true);
   if (f.nondeterministic) tg::use_deterministic_algorithms(false);
   if (f.unfused_bias_grad) tg::native::set_fuse_bias_grad(false);
+  if (f.no_cast_twins) tg::detail::set_cast_twins_enabled(false);
   gpt2::Config c = cuda ? gpt2::Config{.vocab_size = 50304}
                         : gpt2::Config{.n_layer = 2, .n_head = 2, .n_embd = 64, .block_size = 64, .vocab_size = 256};
   if (f.layers) c.n_layer = f.layers;

@@ -40,6 +40,17 @@ inline bool fp32_reads_reduced(const Tensor& a) {
          (mask & static_cast<uint8_t>(1u << static_cast<int>(a.device().type()))) != 0;
 }
 
+// The dtype autocast lowers to on a's device type when a is float32 and autocast is on there;
+// nullopt otherwise (one thread-local load when autocast is off). A float32-policy op whose result
+// is usually lowered next writes that cast beside it (core/cast_copies.h: twins).
+inline std::optional<DType> lowered_dtype(const Tensor& a) {
+  const uint8_t mask = tls_autocast.enabled_mask;
+  if (mask == 0 || !a.defined() || a.dtype() != DType::Float32) return std::nullopt;
+  const int d = static_cast<int>(a.device().type());
+  if (d > 1 || !(mask & static_cast<uint8_t>(1u << d))) return std::nullopt;
+  return tls_autocast.dtype[d];
+}
+
 // Casts inputs[i] into out[i] per `policy`; false (out untouched) when nothing changes.
 bool autocast_inputs(AutocastCategory policy, const Tensor* const* inputs, Tensor* out, size_t n);
 

@@ -3,6 +3,7 @@
 // the forward; a model has a few entries, touched once per parameter per step).
 #include <tapegrad/core/cast_copies.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -18,6 +19,8 @@ namespace {
 
 std::atomic<int64_t> g_live{0}, g_hits{0}, g_casts{0};
 std::atomic<bool> g_enabled{true};
+std::atomic<bool> g_twins{true};
+std::atomic<int64_t> g_twin_hits{0};
 std::mutex g_mu;  // guards every storage's Copies
 
 struct Copy {
@@ -28,12 +31,16 @@ struct Copy {
   uint32_t own_version = 0;  // the copy's own storage version then (an edit of the copy shows)
   Tensor low;                // contiguous, detached
   bool pinned = false;       // read by a capture: kept, recast in place when stale
+  bool twin = false;         // a result's one-shot twin (attach_cast_twin), not a parameter's copy
 };
 
 // Storage::attachment of a parameter's memory.
 struct Copies {
   std::vector<Copy> list;
-  ~Copies() { g_live.fetch_sub(static_cast<int64_t>(list.size()), std::memory_order_relaxed); }
+  ~Copies() {  // cast_copy_count() counts parameters' copies, not twins
+    g_live.fetch_sub(std::count_if(list.begin(), list.end(), [](const Copy& e) { return !e.twin; }),
+                     std::memory_order_relaxed);
+  }
 };
 
 Copies* copies_of(Storage& s, bool create) {
@@ -42,10 +49,10 @@ Copies* copies_of(Storage& s, bool create) {
   return static_cast<Copies*>(a.get());
 }
 
-Copy* find(Copies* c, const Tensor& t, DType dtype) {
+Copy* find(Copies* c, const Tensor& t, DType dtype, bool twin = false) {
   if (c == nullptr) return nullptr;
   for (Copy& e : c->list)
-    if (e.offset == t.storage_offset() && e.numel == t.numel() && e.dtype == dtype) return &e;
+    if (e.offset == t.storage_offset() && e.numel == t.numel() && e.dtype == dtype && e.twin == twin) return &e;
   return nullptr;
 }
 
@@ -56,9 +63,9 @@ bool is_valid(const Copy& e, const Storage& param) {
 // Takes entry e out of the list (the caller frees its copy outside the lock).
 Tensor remove(Copies* c, Copy* e) {
   Tensor low = std::move(e->low);
+  if (!e->twin) g_live.fetch_sub(1, std::memory_order_relaxed);
   if (e != &c->list.back()) *e = std::move(c->list.back());
   c->list.pop_back();
-  g_live.fetch_sub(1, std::memory_order_relaxed);
   return low;
 }
 
@@ -197,6 +204,43 @@ Tensor cast_copy_of(const Tensor& param, DType dtype) {
   Copy* e = find(copies_of(s, false), param, dtype);
   return e != nullptr && is_valid(*e, s) ? e->low : Tensor();
 }
+
+void attach_cast_twin(const Tensor& result, const Tensor& low) {
+  if (!g_twins.load(std::memory_order_relaxed) || !result.defined() || !low.defined()) return;
+  if (result.dtype() != kFloat32 || !result.device().is_cuda() || !result.is_contiguous() ||
+      !is_reduced_float(low.dtype()) || !low.is_contiguous() || low.sizes() != result.sizes() ||
+      low.device() != result.device() || result.numel() == 0)
+    return;
+  Tensor replaced;  // released after the lock
+  std::lock_guard<std::mutex> lock(g_mu);
+  Storage& s = *result.impl().storage;
+  Copies* c = copies_of(s, true);
+  if (Copy* e = find(c, result, low.dtype(), true)) replaced = remove(c, e);
+  c->list.push_back(Copy{result.storage_offset(), result.numel(), low.dtype(), s.version(),
+                         low.impl().storage->version(), low, false, true});
+}
+
+Tensor take_cast_twin(const Tensor& t, DType to) {
+  if (!t.defined() || t.dtype() != kFloat32 || !is_reduced_float(to) || !t.device().is_cuda() || !t.is_contiguous())
+    return Tensor();
+  Tensor low;
+  bool valid = false;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    Storage& s = *t.impl().storage;
+    Copy* e = find(copies_of(s, false), t, to, true);
+    if (e == nullptr) return Tensor();
+    valid = is_valid(*e, s) && e->low.sizes() == t.sizes();
+    low = remove(copies_of(s, false), e);  // taken or stale: either way it leaves the list
+  }
+  if (!valid) return Tensor();  // the stale twin is freed here, outside the lock
+  g_twin_hits.fetch_add(1, std::memory_order_relaxed);
+  return low;
+}
+
+int64_t cast_twin_hits() { return g_twin_hits.load(); }
+void set_cast_twins_enabled(bool enabled) { g_twins.store(enabled); }
+bool cast_twins_enabled() { return g_twins.load(); }
 
 int64_t cast_copy_hits() { return g_hits.load(); }
 int64_t cast_copy_casts() { return g_casts.load(); }

@@ -14,6 +14,16 @@
 //
 // Two users, no other coupling: amp/autocast.cpp makes and reuses copies, optim/ updates them.
 //
+// Twins (the same list, one-shot): a kernel that writes a float32 result and knows its cast is
+// wanted next (layer_norm under autocast, whose output a Linear lowers; layer_norm's backward,
+// whose input gradient a mixed residual add also needs in its half operand's dtype) writes that
+// cast in the same pass and attaches it to the result (attach_cast_twin). native::to, the one cast
+// front, takes it (take_cast_twin) instead of launching a cast: no float32 read, no launch. A twin
+// is handed out once (the caller owns it after), and only while the result is unchanged since it
+// was attached (storage version) and is viewed as it was (offset, numel, contiguous); it goes away
+// with the result's memory when never taken. Same bits as the cast kernel: both round the float32
+// value to nearest even.
+//
 // CUDA graphs: a copy read while capturing is pinned (the graph holds its address): it is never
 // replaced, only recast in place when stale, and the capturing tg::cuda::Graph gets a replay
 // prologue that recasts it when its parameter changed outside the captured step.
@@ -39,6 +49,16 @@ Tensor cast_copy_for_update(const Tensor& param, std::optional<DType> only = std
 // After that step was launched (param's version already bumped): the copy holds the cast of the
 // new value. Re-tags it and bumps its own version (autograd refuses saved aliases of the old).
 void cast_copy_updated(const Tensor& param, const Tensor& copy);
+
+// Twins. attach: `result` float32 CUDA contiguous, `low` contiguous of its sizes in float16 /
+// bfloat16 holding the cast of result's current values (no-op when twins are off or either does
+// not qualify). take: that cast for native::to(t, t.device(), to), once, or undefined.
+void attach_cast_twin(const Tensor& result, const Tensor& low);
+Tensor take_cast_twin(const Tensor& t, DType to);
+int64_t cast_twin_hits();  // twins taken since the process started (tests, profiles)
+// On by default; off: producers write no twins (A/B measurements, memory control).
+void set_cast_twins_enabled(bool enabled);
+bool cast_twins_enabled();
 
 // For tests and memory control.
 Tensor cast_copy_of(const Tensor& param, DType dtype);  // the valid copy, or undefined

@@ -195,13 +195,18 @@ void set_rng_state(const RngState& state);
 struct NormResult {
   Tensor y, mean, rstd;
 };
+// twin: float16 / bfloat16 when the caller knows y's cast to it is wanted next (autocast will lower
+// it); the kernel then also writes that cast and leaves it as y's twin (core/cast_copies.h), where
+// the device can. Values are the same either way.
 NormResult norm_forward(const char* op, const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
-                        const Tensor& bias, double eps, bool rms);
+                        const Tensor& bias, double eps, bool rms, std::optional<DType> twin = std::nullopt);
 // {grad_x, grad_weight, grad_bias}, each only when asked (else undefined). grad_x_addend
-// (optional, x's shape and dtype): added into grad_x in the same pass.
+// (optional, x's shape and dtype): added into grad_x in the same pass. grad_x_twin: as
+// norm_forward's twin, for grad_x.
 std::vector<Tensor> norm_backward(const Tensor& grad, const Tensor& x, const Shape& normalized_shape,
                                   const Tensor& weight, const Tensor& mean, const Tensor& rstd, bool rms, bool need_x,
-                                  bool need_weight, bool need_bias, const Tensor& grad_x_addend = Tensor());
+                                  bool need_weight, bool need_bias, const Tensor& grad_x_addend = Tensor(),
+                                  std::optional<DType> grad_x_twin = std::nullopt);
 // weight[index] of shape index.shape + [dim]; index int64 / int32 checked in [0, num) (not
 // during CUDA-graph capture).
 Tensor embedding(const Tensor& index, const Tensor& weight);

@@ -53,7 +53,9 @@ std::vector<Tensor> norm_backward_recorded(const Tensor& g, const Tensor& x, con
 // grad_bias from the saved x, weight, mean and rstd).
 Tensor norm_op(const char* op, const Tensor& x, const Shape& ns, const Tensor& weight, const Tensor& bias, double eps,
                bool rms) {
-  native::NormResult r = native::norm_forward(op, x, ns, weight, bias, eps, rms);
+  // Under autocast a float32 norm's output is nearly always lowered next (the Linear after it): the
+  // kernel writes that cast too, and the cast takes it (core/cast_copies.h: twins).
+  native::NormResult r = native::norm_forward(op, x, ns, weight, bias, eps, rms, amp::detail::lowered_dtype(x));
   if (!autograd::should_record(x, weight, bias)) return r.y;
   autograd::SavedTensor sx(x, op), sw = weight.defined() ? autograd::SavedTensor(weight, op) : autograd::SavedTensor();
   Tensor mean = r.mean, rstd = r.rstd;
@@ -71,7 +73,8 @@ Tensor norm_op(const char* op, const Tensor& x, const Shape& ns, const Tensor& w
                                    ? autograd::take_pending_grad(n, 0, x.sizes(), x.dtype(), x.device())
                                    : Tensor();
         return native::norm_backward(g, x, ns, has_w ? sw.unpack() : Tensor(), mean, rstd, rms,
-                                     n.needs_input_grad(0), n.needs_input_grad(1), n.needs_input_grad(2), pending);
+                                     n.needs_input_grad(0), n.needs_input_grad(1), n.needs_input_grad(2), pending,
+                                     autograd::grad_twin_dtype(n, 0));
       },
       autograd::kDifferentiable);
 }

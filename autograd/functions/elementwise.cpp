@@ -46,16 +46,25 @@ bool promotes_in_kernel(ElemOp op, const Tensor& a, const Tensor& b) {
 
 // ---- add / sub
 Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
-  if (!promotes_in_kernel(ElemOp::Add, a, b)) TG_AUTOCAST(Add, tg::add(a, b, alpha), a, b);
+  const bool mixed = promotes_in_kernel(ElemOp::Add, a, b);
+  if (!mixed) TG_AUTOCAST(Add, tg::add(a, b, alpha), a, b);
   Tensor out = native::binary(ElemOp::Add, a, b, alpha.to_double());
   TG_TRACE(Add, out, {a, b}, {{"alpha", detail::trace_scalar(alpha)}});
   if (!should_record(a, b)) return out;
   const double al = alpha.to_double();
-  return record("add", {a, b}, std::move(out), [al](const Tensor& g, const FunctionNode& n) -> Grads {
+  Tensor res = record("add", {a, b}, std::move(out), [al](const Tensor& g, const FunctionNode& n) -> Grads {
     Tensor gb;
     if (n.needs_input_grad(1)) gb = al == 1 ? g : bw::mul(g, Scalar(al));
     return {n.needs_input_grad(0) ? g : Tensor(), gb};
   }, kDifferentiable);
+  // A float32 residual stream plus a block's half output: the gradient passes to both, and the
+  // engine casts it to the half operand's dtype; whoever writes that gradient may write the cast too.
+  if (mixed && al == 1) {
+    const Tensor& half = is_reduced_float(a.dtype()) ? a : b;
+    if (is_reduced_float(half.dtype()) && autograd::requires_grad(half) && half.sizes() == res.sizes())
+      autograd::expect_grad_cast(res, half.dtype());
+  }
+  return res;
 }
 
 Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {

@@ -272,8 +272,10 @@ class Backend {
                                      const Tensor& denom, const Tensor& grad_logits);
   // ---- issue 15: normalization, embedding, dropout (defaults throw: core/native/normalization.cpp)
   // layer_norm (rms = false) / rms_norm (rms = true) over rows of a.cols elements (NormArgs).
-  virtual void norm_forward(const struct NormArgs& a);
-  virtual void norm_backward(const struct NormBackwardArgs& a);
+  // Each returns whether it also wrote the optional low-precision twin (y_low / grad_x_low); a
+  // backend may decline (the CPU one always does) and the caller then casts as before.
+  virtual bool norm_forward(const struct NormArgs& a);
+  virtual bool norm_backward(const struct NormBackwardArgs& a);
   // grad_weight[index[j]] += grad[j] for every j except index[j] == padding_idx (-1: none).
   // grad_weight: zeroed, contiguous [num, dim]; grad: contiguous [n, dim] of grad_weight's dtype;
   // index: contiguous [n] int64 / int32, validated in range. Accumulated in float (double for
@@ -387,8 +389,10 @@ inline constexpr int kMaxLinearGradIn = 2048;
 // bias contiguous [cols] of x's dtype, or undefined (1 / 0). mean (layer_norm only) and rstd:
 // contiguous [rows], float64 for float64 x, else float32. Statistics accumulate in float
 // (double for float64); var is the biased variance; rms: rstd = 1 / sqrt(mean(x^2) + eps).
+// y_low: undefined, or (float32 x) a contiguous float16 / bfloat16 tensor of y's shape that gets
+// the round-to-nearest-even cast of y's values (core/cast_copies.h: twins).
 struct NormArgs {
-  Tensor x, weight, bias, y, mean, rstd;
+  Tensor x, weight, bias, y, mean, rstd, y_low;
   int64_t rows = 0, cols = 0;
   double eps = 0;
   bool rms = false;
@@ -397,10 +401,10 @@ struct NormArgs {
 // grad_weight, grad_bias may be undefined (not wanted); defined ones are contiguous of x's
 // dtype. grad_out: contiguous [rows, cols] of x's dtype. rows >= 1. grad_x_addend: undefined, or a
 // contiguous tensor like grad_x added into it as it is written (another consumer's gradient of x,
-// autograd::take_pending_grad).
+// autograd::take_pending_grad). grad_x_low: as NormArgs::y_low, for grad_x (addend included).
 struct NormBackwardArgs {
   Tensor grad_out, x, weight, mean, rstd;
-  Tensor grad_x, grad_weight, grad_bias, grad_x_addend;
+  Tensor grad_x, grad_weight, grad_bias, grad_x_addend, grad_x_low;
   int64_t rows = 0, cols = 0;
   bool rms = false;
 };

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include <tapegrad/core/cast_copies.h>
 #include <tapegrad/core/cuda_graph.h>
 #include <tapegrad/core/native.h>
 
@@ -18,10 +19,10 @@ void use_deterministic_algorithms(bool on) { g_deterministic.store(on, std::memo
 bool are_deterministic_algorithms_enabled() { return g_deterministic.load(std::memory_order_relaxed); }
 
 namespace backend {
-void Backend::norm_forward(const NormArgs& a) {
+bool Backend::norm_forward(const NormArgs& a) {
   TG_ERROR(a.rms ? "rms_norm" : "layer_norm", ": no kernel on ", a.x.device());
 }
-void Backend::norm_backward(const NormBackwardArgs& a) {
+bool Backend::norm_backward(const NormBackwardArgs& a) {
   TG_ERROR(a.rms ? "rms_norm" : "layer_norm", " backward: no kernel on ", a.x.device());
 }
 void Backend::embedding_backward(const Tensor& gw, const Tensor&, const Tensor&, int64_t, bool) {
@@ -50,6 +51,11 @@ int64_t norm_rows(const char* op, const Tensor& x, const Shape& ns) {
   return rows;
 }
 
+// A float16 / bfloat16 twin of a float32 CUDA result, when asked and twins are on.
+bool wants_twin(const Tensor& x, std::optional<DType> twin) {
+  return twin && is_reduced_float(*twin) && x.dtype() == kFloat32 && x.is_cuda() && detail::cast_twins_enabled();
+}
+
 void check_affine(const char* op, const char* what, const Tensor& t, const Tensor& x, const Shape& ns) {
   if (!t.defined()) return;
   TG_CHECK(t.sizes() == ns, op, ": ", what, " of shape ", t.sizes(), " for normalized_shape ", ns);
@@ -60,7 +66,7 @@ void check_affine(const char* op, const char* what, const Tensor& t, const Tenso
 }  // namespace
 
 NormResult norm_forward(const char* op, const Tensor& x, const Shape& ns, const Tensor& weight, const Tensor& bias,
-                        double eps, bool rms) {
+                        double eps, bool rms, std::optional<DType> twin) {
   TG_CHECK(x.defined(), op, ": input is undefined");
   TG_CHECK(is_floating(x.dtype()), op, ": expected a floating input, got ", x.dtype(), " of shape ", x.sizes());
   TG_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
@@ -84,13 +90,14 @@ NormResult norm_forward(const char* op, const Tensor& x, const Shape& ns, const 
   a.cols = cols;
   a.eps = eps;
   a.rms = rms;
-  backend::get(x.device().type()).norm_forward(a);
+  if (wants_twin(x, twin)) a.y_low = empty(x.sizes(), *twin, x.device());
+  if (backend::get(x.device().type()).norm_forward(a) && a.y_low.defined()) detail::attach_cast_twin(r.y, a.y_low);
   return r;
 }
 
 std::vector<Tensor> norm_backward(const Tensor& grad, const Tensor& x, const Shape& ns, const Tensor& weight,
                                   const Tensor& mean, const Tensor& rstd, bool rms, bool need_x, bool need_weight,
-                                  bool need_bias, const Tensor& grad_x_addend) {
+                                  bool need_bias, const Tensor& grad_x_addend, std::optional<DType> grad_x_twin) {
   const char* op = rms ? "rms_norm backward" : "layer_norm backward";
   const int64_t rows = norm_rows(op, x, ns);
   TG_CHECK(grad.sizes() == x.sizes(), op, ": grad of shape ", grad.sizes(), " for input of shape ", x.sizes());
@@ -124,7 +131,9 @@ std::vector<Tensor> norm_backward(const Tensor& grad, const Tensor& x, const Sha
   a.rows = rows;
   a.cols = x.numel() / rows;
   a.rms = rms;
-  backend::get(x.device().type()).norm_backward(a);
+  if (need_x && wants_twin(x, grad_x_twin)) a.grad_x_low = empty(x.sizes(), *grad_x_twin, x.device());
+  if (backend::get(x.device().type()).norm_backward(a) && a.grad_x_low.defined())
+    detail::attach_cast_twin(out[0], a.grad_x_low);
   return out;
 }
 

@@ -80,8 +80,14 @@ class CpuBackend final : public backend::Backend {
     cpu::cross_entropy_backward(args, grad_logits, lse, grad, denom);
   }
   // ---- issue 15: normalization, embedding, dropout
-  void norm_forward(const backend::NormArgs& a) override { cpu::norm_forward(a); }
-  void norm_backward(const backend::NormBackwardArgs& a) override { cpu::norm_backward(a); }
+  bool norm_forward(const backend::NormArgs& a) override {
+    cpu::norm_forward(a);
+    return false;  // no twin on the CPU
+  }
+  bool norm_backward(const backend::NormBackwardArgs& a) override {
+    cpu::norm_backward(a);
+    return false;
+  }
   void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx,
                           bool) override {
     cpu::embedding_backward(grad_weight, grad, index, padding_idx);  // always in a fixed order

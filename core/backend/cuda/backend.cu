@@ -134,15 +134,15 @@ class CudaBackend final : public Backend {
     return cuda::kern::cross_entropy_reduced(args, mean, out, lse, denom, grad_logits);
   }
   // ---- issue 15: normalization, embedding, dropout
-  void norm_forward(const NormArgs& a) override {
-    if (a.rows == 0 || a.cols == 0) return;
+  bool norm_forward(const NormArgs& a) override {
+    if (a.rows == 0 || a.cols == 0) return false;
     cuda::detail::DeviceGuard guard(device_of(a.x));
-    cuda::kern::norm_forward(a);
+    return cuda::kern::norm_forward(a);
   }
-  void norm_backward(const NormBackwardArgs& a) override {
-    if (a.rows == 0 || a.cols == 0) return;
+  bool norm_backward(const NormBackwardArgs& a) override {
+    if (a.rows == 0 || a.cols == 0) return false;
     cuda::detail::DeviceGuard guard(device_of(a.x));
-    cuda::kern::norm_backward(a);
+    return cuda::kern::norm_backward(a);
   }
   void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx,
                           bool deterministic) override {

@@ -36,8 +36,9 @@ void cross_entropy_backward(const backend::Backend::CrossEntropyArgs& args, cons
 bool cross_entropy_reduced(const backend::Backend::CrossEntropyArgs& args, bool mean, const Tensor& out,
                            const Tensor& lse, const Tensor& denom, const Tensor& grad_logits);
 // ---- issue 15: normalization, embedding, dropout
-void norm_forward(const backend::NormArgs& a);  // normalization.cu
-void norm_backward(const backend::NormBackwardArgs& a);
+// Both return whether they wrote the twin (y_low / grad_x_low) too.
+bool norm_forward(const backend::NormArgs& a);  // normalization.cu
+bool norm_backward(const backend::NormBackwardArgs& a);
 void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset);
 void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx,
                         bool deterministic);  // embedding.cu

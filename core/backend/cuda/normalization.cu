@@ -73,11 +73,12 @@ __device__ __forceinline__ void group_sums(A (&v)[N], A* red, int buf) {
   }
 }
 // One row per group (G32: a warp, for rows of <= 64 vectors; else the block); K vectors of V
-// elements per thread.
-template <class T, int V, int K, bool G32>
+// elements per thread. L != T: also writes y's cast to L into ylow (NormArgs::y_low, a twin).
+template <class T, int V, int K, bool G32, class L = T>
 __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                                 T* __restrict__ y, nacc_t<T>* __restrict__ mean_out, nacc_t<T>* __restrict__ rstd_out,
-                                int64_t rows, int cols, nacc_t<T> eps, bool rms) {
+                                int64_t rows, int cols, nacc_t<T> eps, bool rms, L* __restrict__ ylow) {
+  constexpr bool kTwin = !std::is_same_v<L, T>;
   using A = nacc_t<T>;
   using P = NPack<T, V>;
   __shared__ A red[2 * 32];      // group_sums of 1 value: 2 buffers
@@ -166,14 +167,17 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_
           const P bv = reinterpret_cast<const P*>(b)[v];
           cast_all(bv.v, bf);
         }
+        NPack<L, V> lo;
 #pragma unroll
         for (int e = 0; e < V; ++e) {
           A r = (xv[e] - mean) * rstd;
           if (w) r *= wf[e];
           if (b) r += bf[e];
           o.v[e] = cast<T>(r);
+          if constexpr (kTwin) lo.v[e] = cast<L>(o.v[e]);
         }
         yr[v] = o;
+        if constexpr (kTwin) reinterpret_cast<NPack<L, V>*>(ylow + row * cols)[v] = lo;
       }
     }
     if constexpr (PF) {
@@ -195,11 +199,13 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_
 // where for half types xc = x and xhat = fma(x, rstd, -mean * rstd) (s1' = s1 + s2 * -mean * rstd:
 // the rounding of the folded mean is far below a half output's), and for float32 / float64
 // xc = x - mean, xhat = xc * rstd as before.
-template <class T, int V, int K, bool G32, bool ADD>
+// L != T: also writes dx's cast to L into dxlow (NormBackwardArgs::grad_x_low, a twin).
+template <class T, int V, int K, bool G32, bool ADD, class L = T>
 __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
                                 const nacc_t<T>* __restrict__ mean, const nacc_t<T>* __restrict__ rstd,
                                 T* __restrict__ dx, const T* __restrict__ add, nacc_t<T>* __restrict__ pw,
-                                nacc_t<T>* __restrict__ pb, int64_t rows, int cols, bool rms) {
+                                nacc_t<T>* __restrict__ pb, int64_t rows, int cols, bool rms, L* __restrict__ dxlow) {
+  constexpr bool kTwin = !std::is_same_v<L, T>;
   using A = nacc_t<T>;
   using P = NPack<T, V>;
   constexpr bool kFold = sizeof(T) == 2;  // fold the mean into an FMA (half types)
@@ -290,6 +296,7 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
       const int v = t + k * G;
       if (v < nvec) {
         P o;
+        NPack<L, V> lo;
         A gf[V], xf[V], wf[V], af[V];
         cast_all(gb[k].v, gf);
         cast_all(xb[k].v, xf);
@@ -309,8 +316,10 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
             o.v[e] = cast<T>(r + af[e]);
           else
             o.v[e] = cast<T>(r);
+          if constexpr (kTwin) lo.v[e] = cast<L>(o.v[e]);
         }
         dr[v] = o;
+        if constexpr (kTwin) reinterpret_cast<NPack<L, V>*>(dxlow)[off + v] = lo;
       }
     }
   };
@@ -632,12 +641,24 @@ void with_vk(const NormPlan& p, F&& f) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// f(L{}) with L the device type of a twin's dtype (float16 / bfloat16); false when `low` is
+// undefined or not one of them. Twins are written by the float32 block-mode kernels with full
+// 16-byte packs only (the other forms return false: the caller casts as before).
+template <class F>
+bool with_twin(const Tensor& low, F&& f) {
+  if (!low.defined()) return false;
+  if (low.dtype() == kBFloat16) return f(__nv_bfloat16{}), true;
+  if (low.dtype() == kFloat16) return f(__half{}), true;
+  return false;
+}
+
 }  // namespace
 
-void norm_forward(const backend::NormArgs& a) {
+bool norm_forward(const backend::NormArgs& a) {
   const int device = a.x.device().index();
   cudaStream_t stream = detail::current_stream_handle(device);
   const char* op = a.rms ? "rms_norm" : "layer_norm";
+  bool wrote = false;
   dispatch<kFloats>(a.x.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = nacc_t<T>;
@@ -659,26 +680,40 @@ void norm_forward(const backend::NormArgs& a) {
         norm_fwd_long_kernel<T, 1>
             <<<grid, p.threads, 0, stream>>>(x, w, b, y, mean, rstd, a.rows, a.cols, static_cast<A>(a.eps), a.rms);
       TG_CUDA_CHECK_LAUNCH();
-      return;
+      return;  // no twin from the long-row kernels
     }
     with_vk<T, V>(p, [&](auto vt, auto kt) {
       constexpr int VV = decltype(vt)::value, KK = decltype(kt)::value;
       const auto grid = static_cast<unsigned>(p.grid);
+      if constexpr (std::is_same_v<T, float> && VV == V) {
+        if (!p.warp) {
+          wrote = with_twin(a.y_low, [&](auto ltag) {
+            using L = decltype(ltag);
+            norm_fwd_kernel<T, VV, KK, false, L><<<grid, p.threads, 0, stream>>>(
+                x, w, b, y, mean, rstd, a.rows, static_cast<int>(a.cols), static_cast<A>(a.eps), a.rms,
+                static_cast<L*>(a.y_low.data_ptr()));
+            TG_CUDA_CHECK_LAUNCH();
+          });
+          if (wrote) return;
+        }
+      }
       if (p.warp)
         norm_fwd_kernel<T, VV, KK, true><<<grid, p.threads, 0, stream>>>(
-            x, w, b, y, mean, rstd, a.rows, static_cast<int>(a.cols), static_cast<A>(a.eps), a.rms);
+            x, w, b, y, mean, rstd, a.rows, static_cast<int>(a.cols), static_cast<A>(a.eps), a.rms, static_cast<T*>(nullptr));
       else
         norm_fwd_kernel<T, VV, KK, false><<<grid, p.threads, 0, stream>>>(
-            x, w, b, y, mean, rstd, a.rows, static_cast<int>(a.cols), static_cast<A>(a.eps), a.rms);
+            x, w, b, y, mean, rstd, a.rows, static_cast<int>(a.cols), static_cast<A>(a.eps), a.rms, static_cast<T*>(nullptr));
       TG_CUDA_CHECK_LAUNCH();
     });
   });
+  return wrote;
 }
 
-void norm_backward(const backend::NormBackwardArgs& a) {
+bool norm_backward(const backend::NormBackwardArgs& a) {
   const int device = a.x.device().index();
   cudaStream_t stream = detail::current_stream_handle(device);
   const char* op = a.rms ? "rms_norm backward" : "layer_norm backward";
+  bool wrote = false;
   dispatch<kFloats>(a.x.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = nacc_t<T>;
@@ -744,11 +779,26 @@ void norm_backward(const backend::NormBackwardArgs& a) {
             TG_CUDA_CHECK(
                 cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
           kern<<<blocks, p.threads, smem, stream>>>(g, x, w, mean, rstd, dx, add, pw, pb, a.rows,
-                                                    static_cast<int>(a.cols), a.rms);
+                                                    static_cast<int>(a.cols), a.rms, static_cast<T*>(nullptr));
         } else {
+          if constexpr (std::is_same_v<T, float> && VV == V) {
+            if (dx) {
+              wrote = with_twin(a.grad_x_low, [&](auto ltag) {
+                using L = decltype(ltag);
+                auto tk = add ? norm_bwd_kernel<T, VV, KK, false, true, L> : norm_bwd_kernel<T, VV, KK, false, false, L>;
+                tk<<<blocks, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, add, pw, pb, a.rows,
+                                                     static_cast<int>(a.cols), a.rms,
+                                                     static_cast<L*>(a.grad_x_low.data_ptr()));
+              });
+              if (wrote) {
+                TG_CUDA_CHECK_LAUNCH();
+                return;
+              }
+            }
+          }
           auto kern = add ? norm_bwd_kernel<T, VV, KK, false, true> : norm_bwd_kernel<T, VV, KK, false, false>;
           kern<<<blocks, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, add, pw, pb, a.rows,
-                                                 static_cast<int>(a.cols), a.rms);
+                                                 static_cast<int>(a.cols), a.rms, static_cast<T*>(nullptr));
         }
         TG_CUDA_CHECK_LAUNCH();
       });
@@ -765,6 +815,7 @@ void norm_backward(const backend::NormBackwardArgs& a) {
       TG_CUDA_CHECK_LAUNCH();
     }
   });
+  return wrote;
 }
 
 namespace {
