@@ -16,6 +16,7 @@
 //   tg_bench_gpt2 --nondeterministic       # use_deterministic_algorithms(false): atomics in SDPA backward, embedding
 //   tg_bench_gpt2 --unfused-bias-grad      # linear bias gradients as reductions, not cuBLASLt BGRAD epilogues
 //   tg_bench_gpt2 --no-cast-twins          # norms write no bf16 twin beside their float32 output / input gradient
+//   tg_bench_gpt2 --no-gemm-gelu           # c_fc's gemm does not take the GELU as its epilogue (blas.cpp)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +26,9 @@
 #include <vector>
 
 #include <tapegrad/core/cast_copies.h>
+#ifdef TG_WITH_CUDA
+#include <tapegrad/core/backend/cuda/blas.h>
+#endif
 #include <tapegrad/core/native.h>
 #include <tapegrad/tapegrad.h>
 #include "benchmarks/bench_util.h"
@@ -40,6 +44,7 @@ struct Flags {
   bool nondeterministic = false;  // --nondeterministic: tg::use_deterministic_algorithms(false)
   bool unfused_bias_grad = false;  // --unfused-bias-grad: bias gradients as reductions, not GEMM epilogues
   bool no_cast_twins = false;  // --no-cast-twins: norms write no lowered twin (core/cast_copies.h)
+  bool no_gemm_gelu = false;  // --no-gemm-gelu: no GELU in a linear's gemm epilogue (fuse_into_deferred_gemm)
 };
 
 // Takes this program's flags out of argv; the rest go to tg::bench::parse_options.
@@ -79,6 +84,10 @@ Flags take_flags(int& argc, char** argv) {
     }
     if (std::strcmp(argv[i], "--no-cast-twins") == 0) {
       f.no_cast_twins = true;
+      continue;
+    }
+    if (std::strcmp(argv[i], "--no-gemm-gelu") == 0) {
+      f.no_gemm_gelu = true;
       continue;
     }
     if (num("--batch", f.batch) || num("--seq", f.seq) || num("--layers", f.layers) || num("--heads", f.heads) ||
@@ -215,6 +224,9 @@ int main(int argc, char** argv) {
   if (f.nondeterministic) tg::use_deterministic_algorithms(false);
   if (f.unfused_bias_grad) tg::native::set_fuse_bias_grad(false);
   if (f.no_cast_twins) tg::detail::set_cast_twins_enabled(false);
+#ifdef TG_WITH_CUDA
+  if (f.no_gemm_gelu) tg::cuda::detail::set_gemm_activation_fusion(false);
+#endif
   gpt2::Config c = cuda ? gpt2::Config{.vocab_size = 50304}
                         : gpt2::Config{.n_layer = 2, .n_head = 2, .n_embd = 64, .block_size = 64, .vocab_size = 256};
   if (f.layers) c.n_layer = f.layers;

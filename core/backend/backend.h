@@ -159,6 +159,11 @@ enum class GemmEpilogue : int8_t {
   // C[i, j] = gelu_tanh'(x[i, j]) * (A @ B)[i, j], x at epilogue_ptr m x n row-major (ld n, the
   // saved input of a GELU whose gradient this gemm computes: ElemOp::GeluTanhBackward)
   GeluTanhBackward,
+  // C[i, j] = gelu_tanh(x[i, j]) with x = A @ B (+ v[j] for BiasGeluTanh, v at epilogue_ptr), and x
+  // itself written at epilogue_aux (m x n row-major, ld n, C's dtype): a linear followed by a GELU
+  // (Backend::fuse_into_deferred_gemm amends a deferred gemm to these; never asked for directly).
+  GeluTanh,
+  BiasGeluTanh,
 };
 
 // C[b] = A[b] @ B[b] in row-major terms, all of one floating dtype.
@@ -179,6 +184,14 @@ struct GemmArgs {
   bool c_float32 = false;
   GemmEpilogue epilogue = GemmEpilogue::None;
   void* epilogue_ptr = nullptr;
+  void* epilogue_aux = nullptr;  // GeluTanh / BiasGeluTanh: where A @ B (+ bias) goes
+  // The caller allows the gemm to wait for the next op (a linear's result, which an activation
+  // may then fuse into: fuse_into_deferred_gemm); CUDA defers large float16 / bfloat16 ones.
+  // operands: the tensors behind a, b and epilogue_ptr (null where none), which a deferred gemm
+  // holds until it runs, so that no allocation made meanwhile (the activation's own output
+  // included) can take their memory.
+  bool deferrable = false;
+  const Tensor* operands[3] = {nullptr, nullptr, nullptr};
 };
 
 class Backend {
@@ -190,6 +203,12 @@ class Backend {
   // Whether gemm(args) runs args.epilogue fused (batch == 1 only); when not, the caller runs the
   // gemm without it and does that work itself. Asking is free of launches.
   virtual bool gemm_fuses(const GemmArgs& args) = 0;
+  // When `a` is the whole result of a deferrable gemm that is still waiting to be enqueued (CUDA:
+  // the launch queue's last entry on the current stream) and the library has op as that gemm's
+  // epilogue, amends the gemm to also write op(a) into a new tensor, which it returns; `a` gets
+  // the same values as before (up to the library's choice of algorithm). Otherwise an undefined
+  // tensor, and nothing changed. Ops: ElemOp::GeluTanh on float16 / bfloat16.
+  virtual Tensor fuse_into_deferred_gemm(ElemOp /*op*/, const Tensor& /*a*/) { return Tensor(); }
   // Philox-based fills of a contiguous floating tensor: element i uses counter (offset + i).
   virtual void uniform(const Tensor& out, uint64_t seed, uint64_t offset, double lo, double hi) = 0;
   virtual void normal(const Tensor& out, uint64_t seed, uint64_t offset, double mean, double std) = 0;

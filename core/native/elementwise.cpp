@@ -279,6 +279,11 @@ DType result_type(const Tensor& a, const Scalar& s) {
 
 Tensor unary(ElemOp op, const Tensor& a, double p0, double p1) {
   const char* name = op_label(op);
+  // A linear's gemm still waiting in the CUDA launch queue may take this activation as its epilogue.
+  if (op == ElemOp::GeluTanh && a.is_cuda()) {
+    Tensor fused = backend::get(a.device().type()).fuse_into_deferred_gemm(op, a);
+    if (fused.defined()) return fused;
+  }
   if (op == ElemOp::PowScalar && is_integral(a.dtype(), true) && p0 == std::floor(p0)) {
     // Integer power of an integer tensor stays integral, as in PyTorch: exact in float64 up to 2^53.
     TG_CHECK(p0 >= 0, "pow: integers to negative integer powers are not allowed (exponent ", p0, ", dtype ",

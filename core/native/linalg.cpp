@@ -287,6 +287,10 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   if (x2 && la && lb && rows > 0 && out_f > 0 && in_f > 0 && (!b.defined() || b.strides()[0] == 1 || out_f == 1)) {
     Tensor out = native::empty({rows, out_f}, x.dtype(), x.device());
     backend::GemmArgs g = gemm_args({*x2, *la}, {w, *lb}, out, rows, out_f, in_f);
+    g.deferrable = true;  // an activation called next may still join it (Backend::fuse_into_deferred_gemm)
+    g.operands[0] = &*x2;
+    g.operands[1] = &w;
+    g.operands[2] = b.defined() ? &b : nullptr;
     backend::Backend& be = backend::get(x.device().type());
     if (b.defined()) {
       g.epilogue = backend::GemmEpilogue::Bias;

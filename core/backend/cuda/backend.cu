@@ -32,7 +32,7 @@ class CudaBackend final : public Backend {
   CudaBackend() { cuda::detail::register_device_allocator(); }  // CUDA tensors allocate from it
   void elementwise(ElemOp op, const ElementwiseIter& it) override {
     if (it.numel == 0) return;
-    cuda::detail::ElementwiseDeferScope defer;  // before the guard: is this op the outermost?
+    cuda::detail::DeferScope defer;  // before the guard: is this op the outermost?
     cuda::detail::DeviceGuard guard(it.device.index() < 0 ? 0 : it.device.index());
     cuda::kern::elementwise(op, it);
   }
@@ -40,8 +40,12 @@ class CudaBackend final : public Backend {
     cuda::detail::DeviceGuard guard(device_of(args.in));
     cuda::kern::reduce(args);
   }
-  void gemm(const GemmArgs& args) override { cuda::detail::gemm(args); }  // its guard is in blas.cpp
+  void gemm(const GemmArgs& args) override {
+    cuda::detail::DeferScope defer(args.deferrable);  // before blas.cpp's guard: the outermost op?
+    cuda::detail::gemm(args);
+  }
   bool gemm_fuses(const GemmArgs& args) override { return cuda::detail::gemm_fuses(args); }
+  Tensor fuse_into_deferred_gemm(ElemOp op, const Tensor& a) override { return cuda::detail::fuse_into_deferred_gemm(op, a); }
   void uniform(const Tensor& out, uint64_t seed, uint64_t offset, double lo, double hi) override {
     if (out.numel() == 0) return;
     cuda::detail::DeviceGuard guard(device_of(out));

@@ -7,6 +7,11 @@
 // plan cached per problem, as does float32 when autotuning (tg::backends::cublas::set_benchmark:
 // a plan times the algorithms cuBLASLt's heuristic offers on its first eager call and keeps the
 // fastest).
+// A linear's float16 / bfloat16 gemm (GemmArgs::deferrable) waits in the launch queue as a deferred
+// call (launch_queue.h) until the next op; when that op is a GELU (tanh) of its whole result,
+// fuse_into_deferred_gemm turns the gemm's epilogue into cuBLASLt's GELU_AUX(_BIAS): the gemm writes
+// the activation and, as its aux output, the linear's own result, and the GELU kernel's pass over
+// the data goes (the forward half of GPT-2's MLP fusion; the backward's DGELU is linear_grad's).
 #include <tapegrad/core/backend/cuda/blas.h>
 
 #include <algorithm>
@@ -22,6 +27,7 @@
 
 #include <tapegrad/core/backend/cuda/done_counters.h>
 #include <tapegrad/core/backend/cuda/kernels.cuh>
+#include <tapegrad/core/backend/cuda/launch_queue.h>
 #include <tapegrad/core/backend/cuda/runtime.h>
 #include <tapegrad/core/cuda.h>
 #include <tapegrad/core/ops.h>
@@ -161,14 +167,40 @@ cublasLtEpilogue_t lt_epilogue(backend::GemmEpilogue e) {
       return CUBLASLT_EPILOGUE_BGRADA;
     case backend::GemmEpilogue::GeluTanhBackward:
       return CUBLASLT_EPILOGUE_DGELU;  // GELU's tanh form, as GELU_AUX stores its input
+    case backend::GemmEpilogue::GeluTanh:
+      return CUBLASLT_EPILOGUE_GELU_AUX;
+    case backend::GemmEpilogue::BiasGeluTanh:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-// Where the epilogue's operand pointer goes: the bias vector, or the DGELU's saved input.
-cublasLtMatmulDescAttributes_t epilogue_pointer(backend::GemmEpilogue e) {
-  return e == backend::GemmEpilogue::GeluTanhBackward ? CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER
-                                                      : CUBLASLT_MATMUL_DESC_BIAS_POINTER;
+bool has_aux(backend::GemmEpilogue e) {
+  return e == backend::GemmEpilogue::GeluTanhBackward || e == backend::GemmEpilogue::GeluTanh ||
+         e == backend::GemmEpilogue::BiasGeluTanh;
+}
+
+// Sets the call's epilogue pointers on the desc: the bias vector (or bias gradient), and the aux
+// matrix (the DGELU's saved input, at epilogue_ptr; GELU_AUX's output, at epilogue_aux).
+void set_epilogue_pointers(cublasLtMatmulDesc_t desc, const backend::GemmArgs& g) {
+  using E = backend::GemmEpilogue;
+  const void* bias = g.epilogue == E::GeluTanhBackward || g.epilogue == E::GeluTanh ? nullptr : g.epilogue_ptr;
+  const void* aux = g.epilogue == E::GeluTanhBackward ? g.epilogue_ptr : g.epilogue_aux;
+  if (bias != nullptr)
+    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (has_aux(g.epilogue))
+    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+}
+
+// Whether g names every pointer its epilogue reads or writes.
+bool epilogue_pointers_set(const backend::GemmArgs& g) {
+  using E = backend::GemmEpilogue;
+  switch (g.epilogue) {
+    case E::None: return true;
+    case E::GeluTanh: return g.epilogue_aux != nullptr;
+    case E::BiasGeluTanh: return g.epilogue_ptr != nullptr && g.epilogue_aux != nullptr;
+    default: return g.epilogue_ptr != nullptr;
+  }
 }
 
 // The plan for g, built on first use. A plan with an epilogue the library has no kernel for
@@ -192,7 +224,8 @@ const LtPlan& lt_plan(const backend::GemmArgs& g, int device) {
                      g.stride_c,
                      alignment(g.a) * 1024 * 1024 + alignment(g.b) * 1024 + alignment(g.c),
                      static_cast<int64_t>(g.c_float32) | static_cast<int64_t>(g.epilogue) << 1 |
-                         static_cast<int64_t>(tf32) << 4 | (epi ? alignment(g.epilogue_ptr) : 0) << 8};
+                         static_cast<int64_t>(tf32) << 5 | (epi ? alignment(g.epilogue_ptr) : 0) << 8 |
+                         (epi ? alignment(g.epilogue_aux) : 0) << 20};
   LtPlans& cache = lt_plans();
   std::lock_guard<std::mutex> lock(cache.mu);
   auto it = cache.plans.find(key);
@@ -213,10 +246,9 @@ const LtPlan& lt_plan(const backend::GemmArgs& g, int device) {
     // reads the pointer's alignment; each call sets its own pointer (same alignment class).
     const cublasLtEpilogue_t e = lt_epilogue(g.epilogue);
     TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)));
-    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, epilogue_pointer(g.epilogue), &g.epilogue_ptr,
-                                                   sizeof(g.epilogue_ptr)));
-    if (g.epilogue == backend::GemmEpilogue::GeluTanhBackward) {
-      // The saved input is laid out as D (column-major n x m, ld n), in D's type (the default).
+    set_epilogue_pointers(desc, g);
+    if (has_aux(g.epilogue)) {
+      // The aux matrix is laid out as D (column-major n x m, ld n), in D's type (the default).
       const int64_t ld = g.n;
       TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
     }
@@ -307,6 +339,81 @@ void check_int(int64_t v, const char* what, const backend::GemmArgs& g) {
            g.k, "] x [", g.k, ", ", g.n, "]");
 }
 
+
+// The cuBLASLt matmul of g with plan on `stream` (no flush, no stream lookup: a deferred call
+// runs it at the flush). `tune`: autotune a plan not yet tuned when benchmarking is on (never
+// while capturing).
+void lt_matmul(const LtPlan& plan, const backend::GemmArgs& g, int device, void* ws, size_t ws_size,
+               cudaStream_t stream, bool may_tune) {
+  const float alpha = 1.f, beta = 0.f;
+  cublasLtHandle_t lt = cublaslt_handle(device);
+  const bool benchmark = tg::backends::cublas::benchmark();
+  // Autotune on the plan's first eager call with the switch on (never while capturing: a graph
+  // replays what it captured, so it gets the tuned choice only if an eager call made it first).
+  const bool tune = may_tune && benchmark && !plan.tuned.load(std::memory_order_acquire) && plan.offered.size() > 1 &&
+                    !current_stream_capturing(device);
+  if (g.epilogue == backend::GemmEpilogue::None && !tune) {
+    const cublasLtMatmulAlgo_t& algo =
+        benchmark && plan.tuned.load(std::memory_order_acquire) ? plan.tuned_algo : plan.algo;
+    TG_CUBLAS_CHECK(cublasLtMatmul(lt, plan.desc.get(), &alpha, g.b, plan.a.get(), g.a, plan.b.get(), &beta, g.c,
+                                   plan.c.get(), g.c, plan.c.get(), &algo, ws, ws_size, stream));
+    return;
+  }
+  std::lock_guard<std::mutex> lock(plan.mu);
+  if (g.epilogue != backend::GemmEpilogue::None) set_epilogue_pointers(plan.desc.get(), g);
+  if (tune && !plan.tuned.load(std::memory_order_acquire)) lt_tune(plan, g, lt, ws, ws_size, stream);
+  const cublasLtMatmulAlgo_t& algo =
+      benchmark && plan.tuned.load(std::memory_order_acquire) ? plan.tuned_algo : plan.algo;
+  TG_CUBLAS_CHECK(cublasLtMatmul(lt, plan.desc.get(), &alpha, g.b, plan.a.get(), g.a, plan.b.get(), &beta, g.c,
+                                 plan.c.get(), g.c, plan.c.get(), &algo, ws, ws_size, stream));
+}
+
+// A linear's gemm waiting in the launch queue (see the file's first lines). It holds its operands
+// (GemmArgs::operands: an allocation made before it runs must not reuse their memory, which a
+// gemm amended to write a new tensor would otherwise read while writing) and the workspace (so
+// that destroying the stream meanwhile cannot free it).
+struct DeferredGemm final : DeferredCall {
+  DeferredGemm(const backend::GemmArgs& args, int device, const LtPlan* plan, std::shared_ptr<void> ws, size_t ws_size)
+      : g(args), device(device), plan(plan), ws(std::move(ws)), ws_size(ws_size) {
+    for (int i = 0; i < 3; ++i) {
+      if (args.operands[i] != nullptr) held[i] = *args.operands[i];
+      g.operands[i] = nullptr;  // the caller's, gone once gemm() returns
+    }
+  }
+  void run(cudaStream_t stream) override { lt_matmul(*plan, g, device, ws.get(), ws_size, stream, false); }
+  backend::GemmArgs g;
+  std::array<Tensor, 3> held;
+  int device;
+  const LtPlan* plan;  // plans live as long as the process
+  std::shared_ptr<void> ws;
+  size_t ws_size;
+};
+
+std::atomic<bool> g_gemm_activation_fusion{true};
+std::atomic<int64_t> g_gemm_activation_fusions{0};
+
+// GEMMs with fewer outputs gain less from a fused activation than deferring costs on the host.
+constexpr int64_t kDeferGemmMinOutputs = int64_t{1} << 16;
+
+// Whether g may wait for the next op: a deferrable float16 / bfloat16 gemm whose epilogue a GELU
+// can extend (none or bias), large enough, outside autotuning.
+bool may_defer_gemm(const backend::GemmArgs& g) {
+  return g.deferrable && g.operands[0] != nullptr && g.operands[1] != nullptr &&
+         (g.epilogue == backend::GemmEpilogue::None || g.operands[2] != nullptr) &&
+         g_gemm_activation_fusion.load(std::memory_order_relaxed) && is_reduced_float(g.dtype) &&
+         !g.c_float32 && g.batch == 1 && g.m * g.n >= kDeferGemmMinOutputs && g.n % 8 == 0 &&
+         (g.epilogue == backend::GemmEpilogue::None || g.epilogue == backend::GemmEpilogue::Bias) &&
+         !tg::backends::cublas::benchmark();
+}
+
+bool gemm_activation_fusion_enabled() { return g_gemm_activation_fusion.load(std::memory_order_relaxed); }
+
+}  // namespace
+
+void set_gemm_activation_fusion(bool on) { g_gemm_activation_fusion.store(on, std::memory_order_relaxed); }
+int64_t gemm_activation_fusions() { return g_gemm_activation_fusions.load(std::memory_order_relaxed); }
+
+namespace {
 }  // namespace
 
 cublasHandle_t cublas_handle(int device) {
@@ -485,34 +592,64 @@ void gemm(const backend::GemmArgs& g) {
            "] x [", g.k, ", ", g.n, "] (ask gemm_fuses first)");
   size_t ws_size = 0;
   void* ws = cublas_workspace(device, &ws_size);
-  const float alpha = 1.f, beta = 0.f;
-  cublasLtHandle_t lt = cublaslt_handle(device);
-  const bool benchmark = tg::backends::cublas::benchmark();
-  // Autotune on the plan's first eager call with the switch on (never while capturing: a graph
-  // replays what it captured, so it gets the tuned choice only if an eager call made it first).
-  const bool tune = benchmark && !plan.tuned.load(std::memory_order_acquire) && plan.offered.size() > 1 &&
-                    !current_stream_capturing(device);
-  if (g.epilogue == backend::GemmEpilogue::None && !tune) {
-    const cublasLtMatmulAlgo_t& algo =
-        benchmark && plan.tuned.load(std::memory_order_acquire) ? plan.tuned_algo : plan.algo;
-    TG_CUBLAS_CHECK(cublasLtMatmul(lt, plan.desc.get(), &alpha, g.b, plan.a.get(), g.a, plan.b.get(), &beta, g.c,
-                                   plan.c.get(), g.c, plan.c.get(), &algo, ws, ws_size, stream));
-    return;
+  if (may_defer_gemm(g)) {
+    std::unique_ptr<DeferredCall> call =
+        std::make_unique<DeferredGemm>(g, device, &plan, cublas_workspace_ref(device, stream), ws_size);
+    if (defer_call(call, stream, device)) return;
   }
-  std::lock_guard<std::mutex> lock(plan.mu);
-  if (g.epilogue != backend::GemmEpilogue::None)
-    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.get(), epilogue_pointer(g.epilogue), &g.epilogue_ptr,
-                                                   sizeof(g.epilogue_ptr)));
-  if (tune && !plan.tuned.load(std::memory_order_acquire)) lt_tune(plan, g, lt, ws, ws_size, stream);
-  const cublasLtMatmulAlgo_t& algo =
-      benchmark && plan.tuned.load(std::memory_order_acquire) ? plan.tuned_algo : plan.algo;
-  TG_CUBLAS_CHECK(cublasLtMatmul(lt, plan.desc.get(), &alpha, g.b, plan.a.get(), g.a, plan.b.get(), &beta, g.c,
-                                 plan.c.get(), g.c, plan.c.get(), &algo, ws, ws_size, stream));
+  lt_matmul(plan, g, device, ws, ws_size, stream, true);
+}
+
+Tensor fuse_into_deferred_gemm(backend::ElemOp op, const Tensor& a) {
+  if (op != backend::ElemOp::GeluTanh || !gemm_activation_fusion_enabled() || !a.defined() || !a.is_cuda() ||
+      !is_reduced_float(a.dtype()) || !a.is_contiguous() || a.numel() == 0 ||
+      !g_launches_pending.load(std::memory_order_acquire))
+    return Tensor();
+  const int device = a.device().index() >= 0 ? a.device().index() : resolve(-1);
+  const cudaStream_t stream = current_stream_noflush(device);
+  // a's address without data_ptr(), which would flush the gemm this is about.
+  void* a_ptr = static_cast<char*>(a.impl().storage->data()) +
+                a.storage_offset() * static_cast<int64_t>(element_size(a.dtype()));
+  auto is_result = [&](const backend::GemmArgs& g) {
+    return g.c == a_ptr && g.m * g.n == a.numel() && g.dtype == a.dtype() && g.ldc == g.n &&
+           (g.epilogue == backend::GemmEpilogue::None || g.epilogue == backend::GemmEpilogue::Bias);
+  };
+  backend::GemmArgs seen{};
+  if (!amend_last_call(stream, device, [&](DeferredCall& c) {
+        auto* d = dynamic_cast<DeferredGemm*>(&c);
+        if (d == nullptr || !is_result(d->g)) return false;
+        seen = d->g;
+        return true;
+      }))
+    return Tensor();
+  // The activation's tensor and the plan, outside the queue's lock.
+  Tensor out = tg::empty(a.sizes(), TensorOptions().dtype(a.dtype()).device(a.device()));
+  backend::GemmArgs fused = seen;
+  fused.epilogue =
+      seen.epilogue == backend::GemmEpilogue::Bias ? backend::GemmEpilogue::BiasGeluTanh : backend::GemmEpilogue::GeluTanh;
+  fused.epilogue_aux = seen.c;
+  fused.c = static_cast<char*>(out.impl().storage->data()) +
+            out.storage_offset() * static_cast<int64_t>(element_size(out.dtype()));
+  DeviceGuard guard(device);
+  const LtPlan& plan = lt_plan(fused, device);
+  if (!plan.ok) return Tensor();
+  const bool amended = amend_last_call(stream, device, [&](DeferredCall& c) {
+    auto* d = dynamic_cast<DeferredGemm*>(&c);
+    if (d == nullptr || !is_result(d->g) || d->g.a != seen.a || d->g.b != seen.b ||
+        d->g.epilogue != seen.epilogue || d->g.epilogue_ptr != seen.epilogue_ptr || d->g.k != seen.k)
+      return false;
+    d->g = fused;
+    d->plan = &plan;
+    return true;
+  });
+  if (!amended) return Tensor();
+  g_gemm_activation_fusions.fetch_add(1, std::memory_order_relaxed);
+  return out;
 }
 
 bool gemm_fuses(const backend::GemmArgs& g) {
   if (g.epilogue == backend::GemmEpilogue::None || small_sgemm_applies(g)) return true;
-  if (g.batch != 1 || g.m == 0 || g.n == 0 || g.k == 0 || g.epilogue_ptr == nullptr) return false;
+  if (g.batch != 1 || g.m == 0 || g.n == 0 || g.k == 0 || !epilogue_pointers_set(g)) return false;
   if (g.dtype != kFloat32 && g.dtype != kFloat16 && g.dtype != kBFloat16) return false;
   for (int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldc})
     if (v > INT_MAX) return false;

@@ -19,4 +19,12 @@ bool small_sgemm_applies(const tg::backend::GemmArgs& a);
 void set_small_sgemm(bool on);
 bool small_sgemm_enabled();
 
+// Backend::fuse_into_deferred_gemm (a linear's deferred float16 / bfloat16 gemm takes a GELU
+// (tanh) of its result as cuBLASLt's GELU_AUX(_BIAS) epilogue). set_gemm_activation_fusion(false)
+// stops deferring and fusing (tests and A/B benchmarks; default on); gemm_activation_fusions()
+// counts the fusions made in this process.
+Tensor fuse_into_deferred_gemm(backend::ElemOp op, const Tensor& a);
+void set_gemm_activation_fusion(bool on);
+int64_t gemm_activation_fusions();
+
 }  // namespace tg::cuda::detail

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <utility>
 
 #include <tapegrad/core/backend/cuda/runtime.h>
 #include <tapegrad/core/error.h>
@@ -24,6 +25,7 @@ static_assert(kMaxBatch == 2 << (kChainSizes - 1), "one chain size per power of 
 __global__ void chain_placeholder_kernel() {}
 
 struct Record {
+  std::unique_ptr<DeferredCall> call;  // a deferred call; else a launch of func
   const void* func = nullptr;
   dim3 grid, block;
   void* params[kMaxDeferredArgs] = {};
@@ -77,18 +79,13 @@ int chain_index(int k) {
   return i;
 }
 
-// Sends the queue's launches to its stream, in order. The queue is empty afterwards even when
-// a launch fails; the first error is returned.
-cudaError_t flush_locked(Queue& q) {
-  const int n = q.count;
-  if (n == 0) return cudaSuccess;
-  q.count = 0;
-  int prev = -1;
-  cudaError_t err = cudaGetDevice(&prev);
-  if (err == cudaSuccess && prev != q.device) err = cudaSetDevice(q.device);
-  int i = 0;
-  while (err == cudaSuccess && i < n) {
-    const int rem = n - i;
+// The launches records[i, i + n) (no calls among them) onto the queue's stream: chains of 2^j
+// nodes, a lone one launched.
+cudaError_t launch_run(Queue& q, int i, int n) {
+  cudaError_t err = cudaSuccess;
+  const int end = i + n;
+  while (err == cudaSuccess && i < end) {
+    const int rem = end - i;
     if (rem == 1) {
       const Record& r = q.records[i];
       err = cudaLaunchKernel(r.func, r.grid, r.block, const_cast<void**>(r.params), 0, q.stream);
@@ -112,15 +109,73 @@ cudaError_t flush_locked(Queue& q) {
     if (err == cudaSuccess) err = cudaGraphLaunch(c.exec, q.stream);
     i += k;
   }
+  return err;
+}
+
+// Set while this thread flushes: a deferred call's own flush_launches() (none should happen)
+// returns at once instead of taking the queue's lock again.
+thread_local bool tls_flushing = false;
+
+// Sends the queue's launches and calls to its stream, in order. The queue is empty afterwards
+// even when one fails; the first launch error is returned, a call's tg::Error is kept in `thrown`.
+cudaError_t flush_locked(Queue& q, std::exception_ptr& thrown) {
+  const int n = q.count;
+  if (n == 0) return cudaSuccess;
+  q.count = 0;
+  tls_flushing = true;
+  int prev = -1;
+  cudaError_t err = cudaGetDevice(&prev);
+  if (err == cudaSuccess && prev != q.device) err = cudaSetDevice(q.device);
+  int i = 0;
+  while (err == cudaSuccess && !thrown && i < n) {
+    if (q.records[i].call) {
+      try {
+        q.records[i].call->run(q.stream);
+      } catch (...) {
+        thrown = std::current_exception();
+      }
+      ++i;
+      continue;
+    }
+    int run = 1;
+    while (i + run < n && !q.records[i + run].call) ++run;
+    err = launch_run(q, i, run);
+    i += run;
+  }
+  for (int j = 0; j < n; ++j) q.records[j].call.reset();
   if (prev >= 0 && prev != q.device) {
     const cudaError_t restore = cudaSetDevice(prev);
     if (err == cudaSuccess) err = restore;
   }
   if (err != cudaSuccess) (void)cudaGetLastError();
+  tls_flushing = false;
   // Cleared only now: a thread that read "pending" waits on the lock for these launches, and
   // one that reads "none" finds them already on the stream.
   g_launches_pending.store(false, std::memory_order_release);
   return err;
+}
+
+// Whether work for (stream, device) may wait in the queue now (the queue flushed when not).
+bool may_defer(cudaStream_t stream, int device) {
+  if (!launch_batching_enabled()) return false;
+  bool ok = tls_defer_allowed && device >= 0 && device < kMaxDevices;
+  if (ok) {
+    // Work for a graph being captured goes into that capture, now.
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &st) != cudaSuccess) {
+      (void)cudaGetLastError();
+      ok = false;
+    } else {
+      ok = st == cudaStreamCaptureStatusNone;
+    }
+  }
+  if (!ok) flush_launches();
+  return ok;
+}
+
+void throw_flush_error(cudaError_t err, const std::exception_ptr& thrown) {
+  if (thrown) std::rethrow_exception(thrown);
+  if (err != cudaSuccess) throw_cuda_error(err, "a batched kernel launch", __FILE__, __LINE__);
 }
 
 }  // namespace
@@ -134,13 +189,15 @@ bool launch_batching_enabled() {
 }
 
 void flush_launches_slow() {
+  if (tls_flushing) return;
   Queue& q = queue();
   cudaError_t err;
+  std::exception_ptr thrown;
   {
     std::lock_guard<std::mutex> lock(q.mu);
-    err = flush_locked(q);
+    err = flush_locked(q, thrown);
   }
-  if (err != cudaSuccess) throw_cuda_error(err, "a batched kernel launch", __FILE__, __LINE__);
+  throw_flush_error(err, thrown);
 }
 
 void flush_launches_nothrow() noexcept {
@@ -154,32 +211,19 @@ void flush_launches_nothrow() noexcept {
 bool defer_launch(const void* func, dim3 grid, dim3 block, cudaStream_t stream, int device, void* const* args,
                   const size_t* sizes, int nargs) {
   if (!launch_batching_enabled()) return false;
-  if (!tls_defer_allowed) {
-    flush_launches();
-    return false;
-  }
   size_t total = 0;
   for (int a = 0; a < nargs; ++a) total += (sizes[a] + 15) & ~size_t{15};
-  bool ok = nargs <= kMaxDeferredArgs && total <= kMaxArgBytes && device >= 0 && device < kMaxDevices;
-  if (ok) {
-    // Work for a graph being captured goes into that capture, now.
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &st) != cudaSuccess) {
-      (void)cudaGetLastError();
-      ok = false;
-    } else {
-      ok = st == cudaStreamCaptureStatusNone;
-    }
-  }
-  if (!ok) {
+  if (nargs > kMaxDeferredArgs || total > kMaxArgBytes) {
     flush_launches();
     return false;
   }
+  if (!may_defer(stream, device)) return false;
   Queue& q = queue();
   cudaError_t err = cudaSuccess;
+  std::exception_ptr thrown;
   {
     std::lock_guard<std::mutex> lock(q.mu);
-    if (q.count > 0 && (q.stream != stream || q.device != device)) err = flush_locked(q);
+    if (q.count > 0 && (q.stream != stream || q.device != device)) err = flush_locked(q, thrown);
     Record& r = q.records[q.count];
     r.func = func;
     r.grid = grid;
@@ -195,12 +239,43 @@ bool defer_launch(const void* func, dim3 grid, dim3 block, cudaStream_t stream, 
     ++q.count;
     g_launches_pending.store(true, std::memory_order_release);
     if (q.count == kMaxBatch) {
-      const cudaError_t e2 = flush_locked(q);
+      const cudaError_t e2 = flush_locked(q, thrown);
       if (err == cudaSuccess) err = e2;
     }
   }
-  if (err != cudaSuccess) throw_cuda_error(err, "a batched kernel launch", __FILE__, __LINE__);
+  throw_flush_error(err, thrown);
   return true;
+}
+
+bool defer_call(std::unique_ptr<DeferredCall>& call, cudaStream_t stream, int device) {
+  if (!may_defer(stream, device)) return false;
+  Queue& q = queue();
+  cudaError_t err = cudaSuccess;
+  std::exception_ptr thrown;
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    if (q.count > 0 && (q.stream != stream || q.device != device)) err = flush_locked(q, thrown);
+    q.records[q.count].call = std::move(call);
+    q.stream = stream;
+    q.device = device;
+    ++q.count;
+    g_launches_pending.store(true, std::memory_order_release);
+    if (q.count == kMaxBatch) {
+      const cudaError_t e2 = flush_locked(q, thrown);
+      if (err == cudaSuccess) err = e2;
+    }
+  }
+  throw_flush_error(err, thrown);
+  return true;
+}
+
+bool amend_last_call(cudaStream_t stream, int device, const std::function<bool(DeferredCall&)>& amend) {
+  if (!g_launches_pending.load(std::memory_order_acquire)) return false;
+  Queue& q = queue();
+  std::lock_guard<std::mutex> lock(q.mu);
+  if (q.count == 0 || q.stream != stream || q.device != device) return false;
+  DeferredCall* c = q.records[q.count - 1].call.get();
+  return c != nullptr && amend(*c);
 }
 
 }  // namespace tg::cuda::detail

@@ -11,20 +11,27 @@
 //  - Tensor::data_ptr() of a CUDA tensor (the pointer may go to a user's kernel) and DLPack export;
 //  - the allocator before it records cross-stream events or frees memory;
 //  - a launch onto another stream or device, and every kMaxBatch launches.
-// Only an elementwise op called from outside every other CUDA op is deferred (the rule is kept
-// in one place, CudaBackend::elementwise, by ElementwiseDeferScope): any other op may take a
+// Only an elementwise op or a deferrable gemm called from outside every other CUDA op is deferred
+// (the rule is kept in one place, CudaBackend's elementwise and gemm, by DeferScope): any other op may take a
 // stream handle, run elementwise steps of its own and launch on the handle afterwards, and
 // those steps must already be on the stream. "Inside a CUDA op" is counted by DeviceGuard,
 // which every CUDA op takes to run on its operands' device (runtime.h): no op code knows the
 // queue (tests/core/launch_batching_test.cpp, OpUnawareOfTheQueueIsExact). Nothing is deferred
 // while the stream is being captured into a graph. TG_LAUNCH_BATCHING=0 in the environment
 // turns batching off for the process.
+//
+// A deferred call is a library call (a cuBLASLt matmul, blas.cpp) that waits in the same queue, in
+// order with the launches, so that the op after it may still amend it before it is enqueued: a
+// linear's gemm takes a following GELU as its epilogue (Backend::fuse_into_deferred_gemm). Whoever
+// defers a call has already flushed what came before (it took the stream handle).
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 
 namespace tg::cuda::detail {
 
@@ -36,15 +43,18 @@ extern std::atomic<bool> g_launches_pending;
 
 // How many CUDA ops are running on this thread: DeviceGuards alive (runtime.cpp keeps it).
 inline thread_local int tls_cuda_op_depth = 0;
-// Whether this thread's launches may be deferred now: only inside an elementwise op that
-// started outside every other CUDA op. Held by CudaBackend::elementwise alone.
+// Whether this thread's launches may be deferred now: only inside an elementwise op or a
+// deferrable gemm that started outside every other CUDA op. Held by CudaBackend's elementwise
+// and gemm alone.
 inline thread_local bool tls_defer_allowed = false;
-class ElementwiseDeferScope {
+class DeferScope {
  public:
-  ElementwiseDeferScope() : prev_(tls_defer_allowed) { tls_defer_allowed = tls_cuda_op_depth == 0; }
-  ~ElementwiseDeferScope() { tls_defer_allowed = prev_; }
-  ElementwiseDeferScope(const ElementwiseDeferScope&) = delete;
-  ElementwiseDeferScope& operator=(const ElementwiseDeferScope&) = delete;
+  explicit DeferScope(bool wanted = true) : prev_(tls_defer_allowed) {
+    tls_defer_allowed = wanted && tls_cuda_op_depth == 0;
+  }
+  ~DeferScope() { tls_defer_allowed = prev_; }
+  DeferScope(const DeferScope&) = delete;
+  DeferScope& operator=(const DeferScope&) = delete;
 
  private:
   bool prev_;
@@ -69,5 +79,23 @@ bool launch_batching_enabled();
 // has been flushed and the caller launches now.
 bool defer_launch(const void* func, dim3 grid, dim3 block, cudaStream_t stream, int device, void* const* args,
                   const size_t* sizes, int nargs);
+
+// A call waiting in the queue. run(stream) enqueues its work on `stream` at the flush, with the
+// queue's device current and the queue's lock held: it may not flush, synchronise or look up a
+// stream (it may throw tg::Error; the queue is emptied either way).
+class DeferredCall {
+ public:
+  virtual ~DeferredCall() = default;
+  virtual void run(cudaStream_t stream) = 0;
+};
+
+// Queues `call` on (stream, device) like a deferred launch. Returns false (the queue flushed,
+// `call` untouched) where a launch would not be deferred: batching off, inside another CUDA op,
+// or the stream capturing; the caller then runs it now.
+bool defer_call(std::unique_ptr<DeferredCall>& call, cudaStream_t stream, int device);
+
+// Calls amend(c) under the queue's lock when the queue's last entry is a deferred call c on
+// (stream, device), and returns what amend returned; false when there is none.
+bool amend_last_call(cudaStream_t stream, int device, const std::function<bool(DeferredCall&)>& amend);
 
 }  // namespace tg::cuda::detail
