@@ -9,11 +9,13 @@
 
 #include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <tapegrad/tapegrad.h>
 
 #include <tapegrad/core/cast_copies.h>
+#include <tapegrad/core/native.h>
 
 namespace tg::testing {
 namespace {
@@ -162,6 +164,37 @@ TEST(CastTwin, LayerNormBackwardWritesTheResidualGradientsCast) {
   EXPECT_EQ(with.gw, without.gw);
   EXPECT_EQ(with.gb, without.gb);
   EXPECT_EQ(with.gl, without.gl);
+}
+
+// The kernels that write a twin leave every float32 result with the plain kernel's bits: y, mean
+// and rstd forward; dx (with and without an addend), the weight and bias gradients backward.
+TEST(CastTwin, TwinKernelsKeepTheFloat32Bits) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const Device dev(kCUDA);
+  for (int64_t C : {768, 1024, 3072}) {
+    for (bool rms : {false, true}) {
+      manual_seed(static_cast<uint64_t>(C));
+      Tensor x = randn({300, C}, on(dev)) * 3 + 1, w = randn({C}, on(dev)), b = rms ? Tensor() : randn({C}, on(dev));
+      Tensor g = randn({300, C}, on(dev)), add = randn({300, C}, on(dev));
+      const char* op = rms ? "rms_norm" : "layer_norm";
+      const native::NormResult plain = native::norm_forward(op, x, Shape{C}, w, b, 1e-5, rms);
+      const native::NormResult twin = native::norm_forward(op, x, Shape{C}, w, b, 1e-5, rms, kBFloat16);
+      const std::string what = std::string(op) + " C=" + std::to_string(C);
+      EXPECT_EQ(bytes_of(plain.y), bytes_of(twin.y)) << what << " y";
+      EXPECT_EQ(bytes_of(plain.rstd), bytes_of(twin.rstd)) << what << " rstd";
+      if (!rms) EXPECT_EQ(bytes_of(plain.mean), bytes_of(twin.mean)) << what << " mean";
+      for (bool with_add : {false, true}) {
+        const Tensor addend = with_add ? add : Tensor();
+        auto p = native::norm_backward(g, x, Shape{C}, w, plain.mean, plain.rstd, rms, true, true, !rms, addend);
+        auto t = native::norm_backward(g, x, Shape{C}, w, plain.mean, plain.rstd, rms, true, true, !rms, addend,
+                                       kBFloat16);
+        const std::string bw = what + (with_add ? " with addend" : "");
+        EXPECT_EQ(bytes_of(p[0]), bytes_of(t[0])) << bw << " dx";
+        EXPECT_EQ(bytes_of(p[1]), bytes_of(t[1])) << bw << " dw";
+        if (!rms) EXPECT_EQ(bytes_of(p[2]), bytes_of(t[2])) << bw << " db";
+      }
+    }
+  }
 }
 
 TEST(CastTwin, CpuWritesNone) {

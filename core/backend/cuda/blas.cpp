@@ -373,19 +373,21 @@ void lt_matmul(const LtPlan& plan, const backend::GemmArgs& g, int device, void*
 // gemm amended to write a new tensor would otherwise read while writing) and the workspace (so
 // that destroying the stream meanwhile cannot free it).
 struct DeferredGemm final : DeferredCall {
-  DeferredGemm(const backend::GemmArgs& args, int device, const LtPlan* plan, std::shared_ptr<void> ws, size_t ws_size)
-      : g(args), device(device), plan(plan), ws(std::move(ws)), ws_size(ws_size) {
+  DeferredGemm(const backend::GemmArgs& args, int device, const LtPlan* plan, void* ws, std::shared_ptr<void> ws_owner,
+               size_t ws_size)
+      : g(args), device(device), plan(plan), ws(ws), ws_owner(std::move(ws_owner)), ws_size(ws_size) {
     for (int i = 0; i < 3; ++i) {
       if (args.operands[i] != nullptr) held[i] = *args.operands[i];
       g.operands[i] = nullptr;  // the caller's, gone once gemm() returns
     }
   }
-  void run(cudaStream_t stream) override { lt_matmul(*plan, g, device, ws.get(), ws_size, stream, false); }
+  void run(cudaStream_t stream) override { lt_matmul(*plan, g, device, ws, ws_size, stream, false); }
   backend::GemmArgs g;
   std::array<Tensor, 3> held;
   int device;
   const LtPlan* plan;  // plans live as long as the process
-  std::shared_ptr<void> ws;
+  void* ws;
+  std::shared_ptr<void> ws_owner;  // keeps ws allocated
   size_t ws_size;
 };
 
@@ -594,7 +596,7 @@ void gemm(const backend::GemmArgs& g) {
   void* ws = cublas_workspace(device, &ws_size);
   if (may_defer_gemm(g)) {
     std::unique_ptr<DeferredCall> call =
-        std::make_unique<DeferredGemm>(g, device, &plan, cublas_workspace_ref(device, stream), ws_size);
+        std::make_unique<DeferredGemm>(g, device, &plan, ws, cublas_workspace_ref(device, stream), ws_size);
     if (defer_call(call, stream, device)) return;
   }
   lt_matmul(plan, g, device, ws, ws_size, stream, true);

@@ -72,6 +72,20 @@ __device__ __forceinline__ void group_sums(A (&v)[N], A* red, int buf) {
     warp_sums(v, nw <= 16 ? 8 : 16);
   }
 }
+// Explicitly rounded multiply / add for the steps whose bits must not depend on the kernel instance:
+// ptxas may contract a separate multiply and add into an FMA in one instance (a twin's, say) and
+// not in another, and a twin must leave the float32 result exactly as the plain kernel writes it.
+template <class A>
+__device__ __forceinline__ A mul_rn(A a, A b) {
+  if constexpr (std::is_same_v<A, float>) return __fmul_rn(a, b);
+  else return __dmul_rn(a, b);
+}
+template <class A>
+__device__ __forceinline__ A add_rn(A a, A b) {
+  if constexpr (std::is_same_v<A, float>) return __fadd_rn(a, b);
+  else return __dadd_rn(a, b);
+}
+
 // One row per group (G32: a warp, for rows of <= 64 vectors; else the block); K vectors of V
 // elements per thread. L != T: also writes y's cast to L into ylow (NormArgs::y_low, a twin).
 template <class T, int V, int K, bool G32, class L = T>
@@ -117,17 +131,17 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_
         for (int e = 0; e < V; ++e) s += rms ? xv[e] * xv[e] : xv[e];
       }
     }
-    A mean = 0, var;
+    A mean = 0, var_sum;  // var = var_sum / cols
     if (rms) {
       A v1[1] = {s};
       group_sums<G32>(v1, red, it);
-      var = v1[0] * inv_n;
+      var_sum = v1[0];
     } else {
       // Two passes over the registers: the mean, then the squared deviations from it.
       A v1[1] = {s};
       group_sums<G32>(v1, red, it);
       it ^= 1;
-      mean = v1[0] * inv_n;
+      mean = mul_rn(v1[0], inv_n);
       A ss = 0;
 #pragma unroll
       for (int k = 0; k < K; ++k) {
@@ -143,10 +157,10 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_
       }
       A v2[1] = {ss};
       group_sums<G32>(v2, red, it);
-      var = v2[0] * inv_n;
+      var_sum = v2[0];
     }
     it ^= 1;
-    const A rstd = A(1) / sqrt(var + eps);
+    const A rstd = A(1) / sqrt(fma(var_sum, inv_n, eps));
     if (t == 0) {
       if (mean_out) mean_out[row] = mean;
       rstd_out[row] = rstd;
@@ -170,9 +184,9 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_
         NPack<L, V> lo;
 #pragma unroll
         for (int e = 0; e < V; ++e) {
-          A r = (xv[e] - mean) * rstd;
-          if (w) r *= wf[e];
-          if (b) r += bf[e];
+          A r = mul_rn(xv[e] - mean, rstd);
+          if (w) r = b ? fma(r, wf[e], bf[e]) : mul_rn(r, wf[e]);
+          else if (b) r = add_rn(r, bf[e]);
           o.v[e] = cast<T>(r);
           if constexpr (kTwin) lo.v[e] = cast<L>(o.v[e]);
         }
@@ -276,8 +290,8 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
           const A xh = kFold ? fma(xf[e], rs, nmr) : (xf[e] - m) * rs;
           accw[k][e] = fma(gv, xh, accw[k][e]);
           accb[k][e] += gv;
-          const A gy = w ? gv * wf[e] : gv;
-          s1 += gy;
+          const A gy = w ? mul_rn(gv, wf[e]) : gv;
+          s1 = add_rn(s1, gy);
           s2 = fma(gy, xh, s2);
         }
       }
@@ -286,8 +300,8 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
     A v2[2] = {s1, s2};
     group_sums<G32>(v2, red, it);
     it ^= 1;
-    s1 = rms ? A(0) : v2[0] * inv_n;
-    s2 = v2[1] * inv_n;
+    s1 = rms ? A(0) : mul_rn(v2[0], inv_n);
+    s2 = mul_rn(v2[1], inv_n);
     const A c2 = -rs * rs * s2;
     const A c0 = kFold ? -rs * fma(s2, nmr, s1) : -rs * s1;
     P* dr = reinterpret_cast<P*>(dx) + off;
@@ -310,7 +324,7 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
         }
 #pragma unroll
         for (int e = 0; e < V; ++e) {
-          const A gy = w ? gf[e] * wf[e] : gf[e];
+          const A gy = w ? mul_rn(gf[e], wf[e]) : gf[e];
           const A r = fma(rs, gy, fma(c2, kFold ? xf[e] : xf[e] - m, c0));
           if constexpr (ADD)
             o.v[e] = cast<T>(r + af[e]);
