@@ -4,7 +4,8 @@
 // FLOPs as PyTorch's figures in the issue: forward 4 B H T^2 D, halved when causal; forward +
 // backward 3.5x the forward. Each shape gives an ms row and a TFLOP/s row.
 //
-//   tg_bench_attention [--reps N] [--warmup N] [--only SUBSTRING]
+//   tg_bench_attention [--reps N] [--warmup N] [--only SUBSTRING] [--cudnn-benchmark]
+// --cudnn-benchmark: cuDNN's candidate engines timed at each graph's first call (backends::cudnn).
 #include <tapegrad/tapegrad.h>
 
 #include <cstdio>
@@ -71,7 +72,17 @@ void sdpa_causal(const Options& o, int64_t B, int64_t H, int64_t T, int64_t D) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bool cudnn_benchmark = false;
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--cudnn-benchmark")
+      cudnn_benchmark = true;
+    else
+      argv[out++] = argv[i];
+  }
+  argc = out;
   Options o = tg::bench::parse_options(argc, argv);
+  if (cudnn_benchmark && tg::cuda::is_available()) tg::backends::cudnn::set_benchmark(true);
   if (!tg::cuda::is_available()) {
     std::fprintf(stderr, "tg_bench_attention: no CUDA device\n");
     return 0;

@@ -66,30 +66,15 @@ Flags take_flags(int& argc, char** argv) {
       v = argv[++i];
       return true;
     };
-    if (std::strcmp(argv[i], "--cudnn-benchmark") == 0) {
-      f.cudnn_benchmark = true;
+    auto flag = [&](const char* name, bool& v) {
+      if (std::strcmp(argv[i], name) != 0) return false;
+      v = true;
+      return true;
+    };
+    if (flag("--cudnn-benchmark", f.cudnn_benchmark) || flag("--cublas-benchmark", f.cublas_benchmark) ||
+        flag("--nondeterministic", f.nondeterministic) || flag("--unfused-bias-grad", f.unfused_bias_grad) ||
+        flag("--no-cast-twins", f.no_cast_twins) || flag("--no-gemm-gelu", f.no_gemm_gelu))
       continue;
-    }
-    if (std::strcmp(argv[i], "--cublas-benchmark") == 0) {
-      f.cublas_benchmark = true;
-      continue;
-    }
-    if (std::strcmp(argv[i], "--nondeterministic") == 0) {
-      f.nondeterministic = true;
-      continue;
-    }
-    if (std::strcmp(argv[i], "--unfused-bias-grad") == 0) {
-      f.unfused_bias_grad = true;
-      continue;
-    }
-    if (std::strcmp(argv[i], "--no-cast-twins") == 0) {
-      f.no_cast_twins = true;
-      continue;
-    }
-    if (std::strcmp(argv[i], "--no-gemm-gelu") == 0) {
-      f.no_gemm_gelu = true;
-      continue;
-    }
     if (num("--batch", f.batch) || num("--seq", f.seq) || num("--layers", f.layers) || num("--heads", f.heads) ||
         num("--width", f.width) || num("--vocab", f.vocab) || str("--precision", f.precision) ||
         str("--device", f.device))
@@ -180,6 +165,15 @@ void phases(const tg::bench::Options& o, gpt2::GPT& model, tg::optim::AdamW& opt
       });
     }
     row("gemms", L * sum);
+  }
+  {  // the MLP's first half forward: gelu(c_fc(x)) (one gemm with the GELU epilogue, or a gemm and a GELU kernel)
+    const auto f32 = tg::TensorOptions().device(tg::kCUDA);
+    tg::Tensor a = tg::randn({B, T, C}, bf), w = tg::randn({4 * C, C}, f32) * 0.02, b = tg::zeros({4 * C}, f32);
+    row("c_fc_gelu_forward", L * event_ms(o, [&] {
+          tg::NoGradGuard ng;
+          tg::amp::autocast guard(tg::kCUDA, tg::kBFloat16, true);
+          tg::Tensor y = tg::gelu(tg::linear(a, w, b), "tanh");
+        }));
   }
   {  // 2 layer norms per block and ln_f, in float32 as the residual stream
     tg::Tensor h = leaf(tg::randn({B, T, C}, tg::kCUDA)), w = leaf(tg::ones({C}, tg::kCUDA)),

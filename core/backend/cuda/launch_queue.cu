@@ -129,11 +129,14 @@ cudaError_t flush_locked(Queue& q, std::exception_ptr& thrown) {
   int i = 0;
   while (err == cudaSuccess && !thrown && i < n) {
     if (q.records[i].call) {
+      const bool defer_was = tls_defer_allowed;
+      tls_defer_allowed = false;  // a call's own launches go to the stream now
       try {
         q.records[i].call->run(q.stream);
       } catch (...) {
         thrown = std::current_exception();
       }
+      tls_defer_allowed = defer_was;
       ++i;
       continue;
     }
@@ -208,6 +211,33 @@ void flush_launches_nothrow() noexcept {
   }
 }
 
+namespace {
+
+// Appends one record on (stream, device), filled by fill(record), flushing first when the queue
+// holds another stream's work and after it when the queue is full.
+template <class Fill>
+void enqueue(cudaStream_t stream, int device, Fill&& fill) {
+  Queue& q = queue();
+  cudaError_t err = cudaSuccess;
+  std::exception_ptr thrown;
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    if (q.count > 0 && (q.stream != stream || q.device != device)) err = flush_locked(q, thrown);
+    fill(q.records[q.count]);
+    q.stream = stream;
+    q.device = device;
+    ++q.count;
+    g_launches_pending.store(true, std::memory_order_release);
+    if (q.count == kMaxBatch) {
+      const cudaError_t e2 = flush_locked(q, thrown);
+      if (err == cudaSuccess) err = e2;
+    }
+  }
+  throw_flush_error(err, thrown);
+}
+
+}  // namespace
+
 bool defer_launch(const void* func, dim3 grid, dim3 block, cudaStream_t stream, int device, void* const* args,
                   const size_t* sizes, int nargs) {
   if (!launch_batching_enabled()) return false;
@@ -218,13 +248,7 @@ bool defer_launch(const void* func, dim3 grid, dim3 block, cudaStream_t stream, 
     return false;
   }
   if (!may_defer(stream, device)) return false;
-  Queue& q = queue();
-  cudaError_t err = cudaSuccess;
-  std::exception_ptr thrown;
-  {
-    std::lock_guard<std::mutex> lock(q.mu);
-    if (q.count > 0 && (q.stream != stream || q.device != device)) err = flush_locked(q, thrown);
-    Record& r = q.records[q.count];
+  enqueue(stream, device, [&](Record& r) {
     r.func = func;
     r.grid = grid;
     r.block = block;
@@ -234,38 +258,13 @@ bool defer_launch(const void* func, dim3 grid, dim3 block, cudaStream_t stream, 
       r.params[a] = r.bytes + off;
       off += (sizes[a] + 15) & ~size_t{15};
     }
-    q.stream = stream;
-    q.device = device;
-    ++q.count;
-    g_launches_pending.store(true, std::memory_order_release);
-    if (q.count == kMaxBatch) {
-      const cudaError_t e2 = flush_locked(q, thrown);
-      if (err == cudaSuccess) err = e2;
-    }
-  }
-  throw_flush_error(err, thrown);
+  });
   return true;
 }
 
 bool defer_call(std::unique_ptr<DeferredCall>& call, cudaStream_t stream, int device) {
   if (!may_defer(stream, device)) return false;
-  Queue& q = queue();
-  cudaError_t err = cudaSuccess;
-  std::exception_ptr thrown;
-  {
-    std::lock_guard<std::mutex> lock(q.mu);
-    if (q.count > 0 && (q.stream != stream || q.device != device)) err = flush_locked(q, thrown);
-    q.records[q.count].call = std::move(call);
-    q.stream = stream;
-    q.device = device;
-    ++q.count;
-    g_launches_pending.store(true, std::memory_order_release);
-    if (q.count == kMaxBatch) {
-      const cudaError_t e2 = flush_locked(q, thrown);
-      if (err == cudaSuccess) err = e2;
-    }
-  }
-  throw_flush_error(err, thrown);
+  enqueue(stream, device, [&](Record& r) { r.call = std::move(call); });
   return true;
 }
 
