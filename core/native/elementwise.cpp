@@ -279,8 +279,9 @@ DType result_type(const Tensor& a, const Scalar& s) {
 
 Tensor unary(ElemOp op, const Tensor& a, double p0, double p1) {
   const char* name = op_label(op);
-  // A linear's gemm still waiting in the CUDA launch queue may take this activation as its epilogue.
-  if (op == ElemOp::GeluTanh && a.is_cuda()) {
+  // A linear's gemm still waiting in the CUDA launch queue may take this activation as its epilogue
+  // (the backend knows which ops its library fuses).
+  if (a.is_cuda()) {
     Tensor fused = backend::get(a.device().type()).fuse_into_deferred_gemm(op, a);
     if (fused.defined()) return fused;
   }

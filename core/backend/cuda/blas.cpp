@@ -339,10 +339,9 @@ void check_int(int64_t v, const char* what, const backend::GemmArgs& g) {
            g.k, "] x [", g.k, ", ", g.n, "]");
 }
 
-
 // The cuBLASLt matmul of g with plan on `stream` (no flush, no stream lookup: a deferred call
-// runs it at the flush). `tune`: autotune a plan not yet tuned when benchmarking is on (never
-// while capturing).
+// runs it at the flush). may_tune: autotune a plan not yet tuned when benchmarking is on (never
+// while capturing; a deferred call never tunes).
 void lt_matmul(const LtPlan& plan, const backend::GemmArgs& g, int device, void* ws, size_t ws_size,
                cudaStream_t stream, bool may_tune) {
   const float alpha = 1.f, beta = 0.f;
