@@ -5,6 +5,10 @@
 // the order tensor the graph reads). Host wall clock around a synchronised epoch, median of repeats.
 // --cublas-benchmark: the same with cuBLASLt's algorithms timed per GEMM problem.
 // --no-small-gemm: float32 GEMMs to cuBLAS instead of small_gemm.cu (A/B).
+// --no-gemm-relu: the ReLUs as their own kernels, not in the linears' gemm epilogues (A/B).
+// --host-phases: also prints the eager step's host time per part (loader, zero_grad, forward,
+// loss, backward, step), mean us over the timed epochs: where an eager step that outruns the GPU
+// spends its time.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -45,13 +49,17 @@ Data make_data() {
 int main(int argc, char** argv) {
   // --cublas-benchmark: cuBLASLt algorithms timed per GEMM problem (tg::backends::cublas).
   // --no-small-gemm: float32 GEMMs of few tiles to cuBLAS instead of small_gemm.cu (A/B).
-  bool cublas_benchmark = false, small_gemm = true;
+  bool cublas_benchmark = false, small_gemm = true, host_phases = false, gemm_relu = true;
   int out = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--cublas-benchmark")
       cublas_benchmark = true;
     else if (std::string(argv[i]) == "--no-small-gemm")
       small_gemm = false;
+    else if (std::string(argv[i]) == "--no-gemm-relu")
+      gemm_relu = false;
+    else if (std::string(argv[i]) == "--host-phases")
+      host_phases = true;
     else
       argv[out++] = argv[i];
   }
@@ -60,6 +68,7 @@ int main(int argc, char** argv) {
   if (cublas_benchmark && tg::cuda::is_available()) tg::backends::cublas::set_benchmark(true);
 #ifdef TG_WITH_CUDA
   tg::cuda::detail::set_small_sgemm(small_gemm);
+  tg::cuda::detail::set_gemm_activation_fusion(gemm_relu);
 #endif
   if (!tg::cuda::is_available()) {
     std::fprintf(stderr, "tg_bench_models: no CUDA device\n");
@@ -73,21 +82,42 @@ int main(int argc, char** argv) {
     auto net = make_mlp();
     tg::optim::Adam opt(net.parameters());
     std::vector<double> t;
+    constexpr int kParts = 6;
+    const char* part_names[kParts] = {"loader", "zero_grad", "forward", "loss", "backward", "step"};
+    double part_s[kParts] = {};
     for (int r = 0; r < o.warmup + epochs; ++r) {
       tg::cuda::synchronize();
       double t0 = tg::bench::now_s();
+      const bool timed = r >= o.warmup && host_phases;
+      double tp = tg::bench::now_s();
+      auto mark = [&](int part) {
+        if (!timed) return;
+        const double now = tg::bench::now_s();
+        part_s[part] += now - tp;
+        tp = now;
+      };
       for (auto [xb, yb] : loader) {
+        mark(0);
         opt.zero_grad();
-        auto loss = F::cross_entropy(net(xb), yb);
+        mark(1);
+        auto logits = net(xb);
+        mark(2);
+        auto loss = F::cross_entropy(logits, yb);
+        mark(3);
         loss.backward();
+        mark(4);
         opt.step();
+        mark(5);
       }
       tg::cuda::synchronize();
       if (r >= o.warmup) t.push_back((tg::bench::now_s() - t0) * 1e3);
     }
     double ms = tg::bench::median(t);
-    emit("mlp_mnist_epoch", ms * 1e3 / kSteps, "us/step", ms,
-         "\"steps\": " + std::to_string(kSteps) + ", \"epoch_ms\": " + std::to_string(ms));
+    std::string extra = "\"steps\": " + std::to_string(kSteps) + ", \"epoch_ms\": " + std::to_string(ms);
+    if (host_phases)
+      for (int i = 0; i < kParts; ++i)
+        extra += ", \"host_us_" + std::string(part_names[i]) + "\": " + std::to_string(part_s[i] * 1e6 / (epochs * kSteps));
+    emit("mlp_mnist_epoch", ms * 1e3 / kSteps, "us/step", ms, extra);
   }
   if (o.wants("mlp_mnist_epoch_graph")) {
     Data d = make_data();

@@ -233,9 +233,14 @@ Tensor relu(const Tensor& a) {
   TG_TRACE(Relu, out, {a}, {});
   if (!should_record(a)) return out;
   SavedTensor sy(out, "relu", Saved::kOutput);  // y > 0 exactly where x > 0
-  return record("relu", {a}, std::move(out), [sy](const Tensor& g, const FunctionNode&) -> Grads {
+  Tensor res = record("relu", {a}, std::move(out), [sy](const Tensor& g, const FunctionNode&) -> Grads {
     return {bw::elementwise_backward("relu_backward", ElemOp::ReluBackward, g, sy.unpack())};
   }, kDifferentiable);
+  // The same backward, described, for a producer of the gradient that applies it itself (a
+  // linear's float32 input gradient on CUDA's small-gemm kernel: autograd::pointwise_next).
+  if (auto* node = dynamic_cast<FunctionNode*>(res.grad_fn().get()))
+    node->pointwise = autograd::PointwiseGrad{"relu_backward", ElemOp::ReluBackward, sy};
+  return res;
 }
 
 Tensor sigmoid(const Tensor& a) {

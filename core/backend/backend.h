@@ -164,6 +164,13 @@ enum class GemmEpilogue : int8_t {
   // (Backend::fuse_into_deferred_gemm amends a deferred gemm to these; never asked for directly).
   GeluTanh,
   BiasGeluTanh,
+  // C[i, j] = relu(x[i, j]) with x = A @ B (+ v[j] for BiasRelu), x written at epilogue_aux as for
+  // GeluTanh (fuse_into_deferred_gemm, float32 on CUDA's small-gemm kernel only).
+  Relu,
+  BiasRelu,
+  // C[i, j] = x[i, j] > 0 ? (A @ B)[i, j] : 0, x at epilogue_ptr m x n row-major (ld n): the
+  // gradient through a ReLU whose saved output is x (ElemOp::ReluBackward).
+  ReluBackward,
 };
 
 // C[b] = A[b] @ B[b] in row-major terms, all of one floating dtype.
@@ -207,7 +214,8 @@ class Backend {
   // the launch queue's last entry on the current stream) and the library has op as that gemm's
   // epilogue, amends the gemm to also write op(a) into a new tensor, which it returns; `a` gets
   // the same values as before (up to the library's choice of algorithm). Otherwise an undefined
-  // tensor, and nothing changed. Ops: ElemOp::GeluTanh on float16 / bfloat16.
+  // tensor, and nothing changed. Ops: ElemOp::GeluTanh on float16 / bfloat16 (cuBLASLt), ElemOp::Relu
+  // on float32 (the small-gemm kernel's problems).
   virtual Tensor fuse_into_deferred_gemm(ElemOp /*op*/, const Tensor& /*a*/) { return Tensor(); }
   // Philox-based fills of a contiguous floating tensor: element i uses counter (offset + i).
   virtual void uniform(const Tensor& out, uint64_t seed, uint64_t offset, double lo, double hi) = 0;

@@ -310,11 +310,13 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
 
 Tensor linear_grad_input(const Tensor& g, const Tensor& w, DType out_dtype) { return native::matmul(g, w, out_dtype); }
 
-// Half types only: cuBLASLt's DGELU is GELU's tanh form evaluated to about 2e-4 relative (measured
-// against ours on the H200), below float16 / bfloat16 rounding but not float32's.
+// GELU (tanh) on half types only: cuBLASLt's DGELU is GELU's tanh form evaluated to about 2e-4
+// relative (measured against ours on the H200), below float16 / bfloat16 rounding but not float32's.
+// ReLU on float32 (a mask: exact), where the backend's small-gemm kernel takes the problem.
 Tensor linear_grad_input_pointwise(const Tensor& g, const Tensor& w, backend::ElemOp bwd, const Tensor& x) {
-  if (bwd != backend::ElemOp::GeluTanhBackward || !is_reduced_float(g.dtype()) || w.dim() != 2 || g.dim() < 1)
-    return Tensor();
+  const bool gelu = bwd == backend::ElemOp::GeluTanhBackward && is_reduced_float(g.dtype());
+  const bool relu = bwd == backend::ElemOp::ReluBackward && g.dtype() == kFloat32;
+  if ((!gelu && !relu) || w.dim() != 2 || g.dim() < 1) return Tensor();
   const int64_t out_f = w.sizes()[0], in_f = w.sizes()[1];
   Shape out_shape = g.sizes();
   out_shape[out_shape.size() - 1] = in_f;
@@ -329,7 +331,7 @@ Tensor linear_grad_input_pointwise(const Tensor& g, const Tensor& w, backend::El
   if (!la || !lb || rows == 0 || out_f == 0 || in_f == 0) return Tensor();
   Tensor out = native::empty({rows, in_f}, g.dtype(), g.device());
   backend::GemmArgs args = gemm_args({*g2, *la}, {w, *lb}, out, rows, in_f, out_f);
-  args.epilogue = backend::GemmEpilogue::GeluTanhBackward;
+  args.epilogue = gelu ? backend::GemmEpilogue::GeluTanhBackward : backend::GemmEpilogue::ReluBackward;
   args.epilogue_ptr = x.data_ptr();
   backend::Backend& be = backend::get(g.device().type());
   if (!be.gemm_fuses(args)) return Tensor();

@@ -1,18 +1,22 @@
 // A linear's float16 / bfloat16 gemm waits in the CUDA launch queue until the next op; a GELU
 // (tanh) of its whole result becomes the gemm's epilogue (cuBLASLt GELU_AUX(_BIAS), blas.cpp's
-// fuse_into_deferred_gemm). Checked: the fusion happens (counted) where it should and nowhere
-// else; the linear's result (the gemm's aux output) and the GELU against float64 from the same
-// rounded operands; gradients against the unfused pass; an op in between, a GELU of another tensor
-// and a graph capture leave the gemm alone; GPT-2's MLP under autocast fuses. CUDA only.
+// fuse_into_deferred_gemm). Likewise a float32 linear on the small-gemm kernel and a ReLU.
+// Checked: the fusion happens (counted) where it should and nowhere else; the linear's result
+// (the gemm's aux output) and the activation against float64 from the same rounded operands;
+// gradients against the unfused pass; an op in between and a GELU of another tensor leave the gemm
+// alone; under graph capture the pair fuses too and replays correctly; GPT-2's MLP under autocast
+// fuses; the MNIST MLP's training step fuses its two ReLUs and matches the unfused step. CUDA only.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <tapegrad/tapegrad.h>
 
+#include <tapegrad/autograd/function.h>
 #include <tapegrad/core/cuda_graph.h>
 #include "tests/autograd/common.h"
 
@@ -188,11 +192,13 @@ TEST(GemmGelu, OnlyOneActivationJoins) {
   }
 }
 
-// Nothing waits while a stream is captured; the graph replays the unfused pair correctly.
-TEST(GemmGelu, CaptureRunsTheGemmAtOnce) {
+// A captured linear + GELU fuses too (the deferred gemm waits in the queue, and capture_end
+// flushes it into the graph); the replay writes both results. A gemm left waiting at the end of
+// the captured function is part of the graph.
+TEST(GemmGelu, CaptureFusesAndReplays) {
   TG_SKIP_WITHOUT_GPU();
   Problem p = make_problem(kBFloat16, 256, 64, 512, false);
-  Tensor h, y;
+  Tensor h, y, last;
   tg::cuda::Stream side;
   {
     tg::cuda::StreamGuard guard(side);
@@ -201,12 +207,14 @@ TEST(GemmGelu, CaptureRunsTheGemmAtOnce) {
     graph.capture([&] {
       h = tg::linear(p.x, p.w, p.b);
       y = tg::gelu(h, "tanh");
+      last = tg::linear(p.x, p.w, p.b);  // still waiting when the function returns
     });
-    EXPECT_EQ(cuda::detail::gemm_activation_fusions() - before, 0);
+    EXPECT_EQ(cuda::detail::gemm_activation_fusions() - before, 1);
     graph.replay();
     side.synchronize();
   }
   expect_linear_gelu(h, y, p, eps_of(kBFloat16), "captured");
+  expect_linear_gelu(last, y, p, eps_of(kBFloat16), "captured, last gemm");
 }
 
 // GPT-2's MLP as the example writes it: float32 Linear under bfloat16 autocast, then GELU.
@@ -226,6 +234,133 @@ TEST(GemmGelu, AutocastLinearThenGeluFuses) {
   EXPECT_EQ(y.dtype(), kBFloat16);
   Problem p{x.reshape({256, 128}).to(kBFloat16), c_fc.weight.detach().to(kBFloat16), c_fc.bias.detach().to(kBFloat16)};
   expect_linear_gelu(tg::linear(p.x, p.w, p.b), y.reshape({256, 512}), p, eps_of(kBFloat16), "autocast");
+}
+
+
+// ---- float32 linear + ReLU on the small-gemm kernel
+
+// h and relu(h): h within float32 accumulation error of float64, relu(h) exactly relu of h.
+void expect_linear_relu(const Tensor& h, const Tensor& y, const Problem& p, const std::string& what) {
+  const std::vector<double> ref = reference_linear(p), gh = host(h), gy = host(y);
+  ASSERT_EQ(gh.size(), ref.size());
+  ASSERT_EQ(gy.size(), ref.size());
+  int bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::abs(gh[i] - ref[i]) > 1e-5 * (std::abs(ref[i]) + 1) && bad++ < 5)
+      ADD_FAILURE() << what << ": h[" << i << "] = " << gh[i] << ", float64 " << ref[i];
+    if (gy[i] != (gh[i] < 0 ? 0.0 : gh[i]) && bad++ < 5)
+      ADD_FAILURE() << what << ": relu[" << i << "] = " << gy[i] << " for h = " << gh[i];
+  }
+}
+
+TEST(GemmRelu, FusesAndMatchesFloat64) {
+  TG_SKIP_WITHOUT_GPU();
+  for (bool bias : {true, false}) {
+    for (auto [rows, in, out] : {std::tuple<int64_t, int64_t, int64_t>{128, 784, 512}, {100, 70, 30}}) {
+      Problem p = make_problem(kFloat32, rows, in, out, false);
+      if (!bias) p.b = tg::zeros({out}, TensorOptions().device(Device(kCUDA)));
+      const int64_t before = cuda::detail::gemm_activation_fusions();
+      Tensor h = bias ? tg::linear(p.x, p.w, p.b) : tg::linear(p.x, p.w);
+      Tensor y = tg::relu(h);
+      const std::string what = std::to_string(rows) + "x" + std::to_string(in) + "->" + std::to_string(out) +
+                               (bias ? " with bias" : " no bias");
+      EXPECT_EQ(cuda::detail::gemm_activation_fusions() - before, 1) << what;
+      EXPECT_EQ(y.sizes(), h.sizes());
+      expect_linear_relu(h, y, p, what);
+    }
+  }
+}
+
+// A float32 problem too large for the small-gemm kernel (cuBLAS) is not fused and stays right.
+TEST(GemmRelu, LargeFloat32IsNotFused) {
+  TG_SKIP_WITHOUT_GPU();
+  Problem p = make_problem(kFloat32, 1024, 64, 1024, false);
+  const int64_t before = cuda::detail::gemm_activation_fusions();
+  Tensor h = tg::linear(p.x, p.w, p.b);
+  Tensor y = tg::relu(h);
+  EXPECT_EQ(cuda::detail::gemm_activation_fusions() - before, 0);
+  expect_linear_relu(h, y, p, "1024x64->1024");
+}
+
+// A ReLU of another tensor, or of a slice of the result, leaves the gemm alone.
+TEST(GemmRelu, ReluOfAnotherTensorLeavesTheGemmAlone) {
+  TG_SKIP_WITHOUT_GPU();
+  Problem p = make_problem(kFloat32, 128, 96, 256, false);
+  Tensor other = tg::randn({128, 256}, TensorOptions().device(Device(kCUDA)));
+  const int64_t before = cuda::detail::gemm_activation_fusions();
+  Tensor h = tg::linear(p.x, p.w, p.b);
+  Tensor z = tg::relu(other);
+  Tensor h2 = tg::linear(p.x, p.w, p.b);
+  Tensor zs = tg::relu(h2.slice(0, 0, 64));
+  EXPECT_EQ(cuda::detail::gemm_activation_fusions() - before, 0);
+  expect_linear_relu(h, tg::relu(h), p, "first linear");
+  const std::vector<double> go = host(other), gz = host(z), gh2 = host(h2), gzs = host(zs);
+  for (size_t i = 0; i < go.size(); ++i) ASSERT_EQ(gz[i], go[i] < 0 ? 0.0 : go[i]) << i;
+  for (size_t i = 0; i < gzs.size(); ++i) ASSERT_EQ(gzs[i], gh2[i] < 0 ? 0.0 : gh2[i]) << i;
+}
+
+// The MNIST MLP's training step (784-512-512-10, cross_entropy, Adam) with both ReLUs in the
+// gemms' epilogues: the same losses and parameters, bit for bit, as with the ReLU kernels, eager
+// and replayed as a graph. (Both runs apply the ReLUs' backward masks in the input-gradient gemms;
+// Absorb.ReluMlpGradientsMatchFloat64AndTheUnfusedPass compares that with the ReLU backward kernel.)
+TEST(GemmRelu, MlpTrainingStepMatchesTheUnfusedStep) {
+  TG_SKIP_WITHOUT_GPU();
+  FusionOn restore;
+  const auto opts = TensorOptions().device(Device(kCUDA));
+  auto run = [&](bool fuse, bool graph) {
+    cuda::detail::set_gemm_activation_fusion(fuse);
+    tg::manual_seed(3);
+    nn::Sequential net(nn::Linear(784, 512), nn::ReLU(), nn::Linear(512, 512), nn::ReLU(), nn::Linear(512, 10));
+    net.to(kCUDA);
+    optim::Adam opt(net.parameters());
+    Tensor x = tg::rand({128, 784}, opts), y = (tg::rand({128}, opts) * 10).to(kInt64);
+    Tensor loss;
+    const int64_t before = cuda::detail::gemm_activation_fusions();
+    const uint64_t absorbed = autograd::absorbed_node_count();
+    auto step = [&] {
+      opt.zero_grad();
+      loss = nn::functional::cross_entropy(net(x), y);
+      loss.backward();
+      opt.step();
+    };
+    std::vector<double> losses;
+    if (graph) {
+      step();  // warm-up, eager
+      losses.push_back(host(loss)[0]);
+      tg::cuda::Stream side;
+      tg::cuda::StreamGuard guard(side);
+      tg::cuda::Graph g;
+      g.capture(step);
+      for (int i = 0; i < 3; ++i) {
+        g.replay();
+        side.synchronize();
+        losses.push_back(host(loss)[0]);
+      }
+    } else {
+      for (int i = 0; i < 4; ++i) {
+        step();
+        losses.push_back(host(loss)[0]);
+      }
+    }
+    const int64_t fusions = cuda::detail::gemm_activation_fusions() - before;
+    const uint64_t absorbs = autograd::absorbed_node_count() - absorbed;
+    EXPECT_EQ(fusions, fuse ? (graph ? 4 : 8) : 0) << "two ReLUs a step (graph: the warm-up and the capture)";
+    EXPECT_EQ(absorbs, graph ? 4u : 8u) << "two ReLU nodes applied by the linears' backward a step";
+    (void)fusions;
+    std::vector<double> out = losses;
+    for (const Tensor& prm : net.parameters()) {
+      const std::vector<double> v = host(prm);
+      out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+  };
+  for (bool graph : {false, true}) {
+    const std::vector<double> fused = run(true, graph), plain = run(false, graph);
+    ASSERT_EQ(fused.size(), plain.size());
+    for (size_t i = 0; i < fused.size(); ++i)
+      ASSERT_EQ(fused[i], plain[i]) << (graph ? "graph" : "eager") << ": value " << i << " (the first 4: losses)";
+    EXPECT_TRUE(std::isfinite(fused[0]) && fused[0] > 2.0 && fused[0] < 2.6) << fused[0];  // ~ln(10) at first
+  }
 }
 
 }  // namespace

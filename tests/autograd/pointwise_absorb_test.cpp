@@ -1,6 +1,7 @@
 // A linear's backward applying the backward of the activation its input came from
 // (autograd::pointwise_next / absorb_next: GELU's tanh form in cuBLASLt's DGELU epilogue on CUDA,
-// right after the GEMM elsewhere): the gradients equal those of the unfused pass (a hook on the
+// ReLU's mask in the float32 small-gemm kernel's epilogue on CUDA, right after the GEMM
+// elsewhere): the gradients equal those of the unfused pass (a hook on the
 // activation's output keeps its node from being absorbed), float64 gradcheck holds through it,
 // and the node is absorbed only when nothing else needs it.
 #include <algorithm>
@@ -31,11 +32,15 @@ Mlp make_mlp(Device d, DType dt, int64_t rows, int64_t c, int64_t hidden) {
   return {leaf({rows, c}, 1.5), leaf({hidden, c}, 0.3), leaf({hidden}, 0.5), leaf({c, hidden}, 0.3), leaf({c}, 0.1)};
 }
 
-// y = c_proj(gelu(c_fc(x), "tanh")), backward with g; returns {x, w1, b1, w2, b2} gradients and
-// how many nodes the pass absorbed. hook: a (value-keeping) hook on gelu's output.
-std::vector<std::vector<double>> run_mlp(Mlp& m, const Tensor& g, bool hook, uint64_t& absorbed) {
+enum class Act { GeluTanh, Relu };
+
+// y = c_proj(act(c_fc(x))), backward with g; returns {x, w1, b1, w2, b2} gradients and how many
+// nodes the pass absorbed. hook: a (value-keeping) hook on the activation's output.
+std::vector<std::vector<double>> run_mlp(Mlp& m, const Tensor& g, bool hook, uint64_t& absorbed,
+                                         Act act = Act::GeluTanh) {
   for (Tensor* t : {&m.x, &m.w1, &m.b1, &m.w2, &m.b2}) t->mutable_grad() = Tensor();
-  Tensor a = tg::gelu(tg::linear(m.x, m.w1, m.b1), "tanh");
+  Tensor h = tg::linear(m.x, m.w1, m.b1);
+  Tensor a = act == Act::Relu ? tg::relu(h) : tg::gelu(h, "tanh");
   if (hook) a.register_hook([](const Tensor&) {});
   Tensor y = tg::linear(a, m.w2, m.b2);
   const uint64_t before = autograd::absorbed_node_count();
@@ -57,20 +62,22 @@ double rel_err(const std::vector<double>& got, const std::vector<double>& want) 
 // The absorbed pass against float64 on the CPU from the same rounded values, next to the unfused
 // pass. tol: the largest error of either, relative to each gradient's largest element. exact: the
 // two passes must agree bit for bit (the same kernels run: no epilogue on this device or dtype).
-void check_mlp(Device d, DType dt, int64_t rows, int64_t c, int64_t hidden, double tol, bool exact) {
+void check_mlp(Device d, DType dt, int64_t rows, int64_t c, int64_t hidden, double tol, bool exact,
+               Act act = Act::GeluTanh) {
   Mlp m = make_mlp(d, dt, rows, c, hidden);
   Tensor g = tg::randn({rows, c}, kFloat64).to(d, dt);
   uint64_t fused_count = 0, plain_count = 0, ref_count = 0;
-  auto fused = run_mlp(m, g, false, fused_count);
-  auto plain = run_mlp(m, g, true, plain_count);
-  EXPECT_EQ(fused_count, 1u) << "gelu's node applied by c_proj's backward";
-  EXPECT_EQ(plain_count, 0u) << "a hook on gelu's output keeps its node";
+  auto fused = run_mlp(m, g, false, fused_count, act);
+  auto plain = run_mlp(m, g, true, plain_count, act);
+  EXPECT_EQ(fused_count, 1u) << "the activation's node applied by c_proj's backward";
+  EXPECT_EQ(plain_count, 0u) << "a hook on the activation's output keeps its node";
   auto to64 = [](const Tensor& t) { return t.to(Device(kCPU), kFloat64).detach().requires_grad_(true); };
   Mlp r{to64(m.x), to64(m.w1), to64(m.b1), to64(m.w2), to64(m.b2)};
-  auto ref = run_mlp(r, g.to(Device(kCPU), kFloat64), false, ref_count);
+  auto ref = run_mlp(r, g.to(Device(kCPU), kFloat64), false, ref_count, act);
   const char* names[] = {"grad x", "grad w1", "grad b1", "grad w2", "grad b2"};
   for (size_t i = 0; i < fused.size(); ++i) {
-    const std::string what = std::string(dtype_name(dt)) + " " + names[i];
+    const std::string what =
+        std::string(act == Act::Relu ? "relu " : "gelu ") + dtype_name(dt) + " " + names[i];
     const double ef = rel_err(fused[i], ref[i]), ep = rel_err(plain[i], ref[i]);
     std::printf("%s on %s: absorbed %.3g, unfused %.3g off float64\n", what.c_str(), d.str().c_str(), ef, ep);
     EXPECT_LE(ef, tol) << what << ": absorbed pass off float64 by " << ef << " (unfused: " << ep << ")";
@@ -87,6 +94,18 @@ TEST_P(Absorb, MlpGradientsMatchFloat64AndTheUnfusedPass) {
   check_mlp(dev(), kFloat16, 128, 64, 192, 2e-3, cpu);
 }
 
+// ReLU's mask: exact on every device and dtype (on CUDA float32 the small-gemm kernel applies it
+// in its epilogue, elsewhere the ReLU backward kernel runs right after the GEMM; the same bits).
+// 128 x 784 -> 512 is the MNIST MLP's first layer.
+TEST_P(Absorb, ReluMlpGradientsMatchFloat64AndTheUnfusedPass) {
+  check_mlp(dev(), kFloat64, 5, 3, 8, 1e-12, true, Act::Relu);
+  check_mlp(dev(), kFloat32, 64, 24, 96, 2e-6, true, Act::Relu);
+  check_mlp(dev(), kFloat32, 128, 784, 512, 1e-5, true, Act::Relu);
+  // bfloat16: where h is within its rounding of 0 the mask differs from float64's, and each such
+  // element moves the gradient by a whole term; the check that matters is absorbed = unfused.
+  check_mlp(dev(), kBFloat16, 256, 64, 256, 0.15, true, Act::Relu);
+}
+
 TEST_P(Absorb, GradcheckThroughTheAbsorbedNode) {
   // gradcheck's analytic pass is the engine's: the gelu node is absorbed there.
   auto fn = [](const std::vector<Tensor>& v) { return tg::linear(tg::gelu(tg::linear(v[0], v[1], v[2]), "tanh"), v[3]); };
@@ -101,6 +120,11 @@ TEST_P(Absorb, GradcheckThroughTheAbsorbedNode) {
   };
   auto r3 = tg::autograd::gradcheck(fn3, {tg::randn({2, 3, 4}, o), tg::randn({4, 6}, o), tg::randn({3, 6}, o)});
   EXPECT_TRUE(r3.ok) << r3;
+  // Through an absorbed ReLU (inputs away from its kink: finite differences stay on one side).
+  auto fnr = [](const std::vector<Tensor>& v) { return tg::linear(tg::relu(tg::linear(v[0], v[1], v[2])), v[3]); };
+  auto rr = tg::autograd::gradcheck(fnr, {tg::randn({4, 3}, o) * 2, tg::randn({5, 3}, o), tg::randn({5}, o) + 0.3,
+                                          tg::randn({2, 5}, o)});
+  EXPECT_TRUE(rr.ok) << rr;
 }
 
 TEST_P(Absorb, OnlyWhenNothingElseNeedsTheNode) {

@@ -12,6 +12,8 @@
 // fuse_into_deferred_gemm turns the gemm's epilogue into cuBLASLt's GELU_AUX(_BIAS): the gemm writes
 // the activation and, as its aux output, the linear's own result, and the GELU kernel's pass over
 // the data goes (the forward half of GPT-2's MLP fusion; the backward's DGELU is linear_grad's).
+// A linear's float32 gemm that small_gemm.cu runs waits the same way, and a ReLU of its result
+// joins that kernel's epilogue (an MLP's forward loses its ReLU launches).
 #include <tapegrad/core/backend/cuda/blas.h>
 
 #include <algorithm>
@@ -171,8 +173,17 @@ cublasLtEpilogue_t lt_epilogue(backend::GemmEpilogue e) {
       return CUBLASLT_EPILOGUE_GELU_AUX;
     case backend::GemmEpilogue::BiasGeluTanh:
       return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case backend::GemmEpilogue::Relu:
+    case backend::GemmEpilogue::BiasRelu:
+    case backend::GemmEpilogue::ReluBackward:
+      break;  // cuBLASLt's ReLU epilogues keep a bit mask, not our tensors: small_gemm.cu's only
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+bool lt_has_epilogue(backend::GemmEpilogue e) {
+  return e != backend::GemmEpilogue::Relu && e != backend::GemmEpilogue::BiasRelu &&
+         e != backend::GemmEpilogue::ReluBackward;
 }
 
 bool has_aux(backend::GemmEpilogue e) {
@@ -230,6 +241,8 @@ const LtPlan& lt_plan(const backend::GemmArgs& g, int device) {
   std::lock_guard<std::mutex> lock(cache.mu);
   auto it = cache.plans.find(key);
   if (it != cache.plans.end()) return *it->second;
+  if (!lt_has_epilogue(g.epilogue))  // not fused here: gemm_fuses says no
+    return *cache.plans.emplace(key, std::make_unique<LtPlan>()).first->second;
 
   const cudaDataType_t type = lt_type(g.dtype), c_type = g.c_float32 ? CUDA_R_32F : type;
   auto plan = std::make_unique<LtPlan>();
@@ -380,11 +393,16 @@ struct DeferredGemm final : DeferredCall {
       g.operands[i] = nullptr;  // the caller's, gone once gemm() returns
     }
   }
-  void run(cudaStream_t stream) override { lt_matmul(*plan, g, device, ws, ws_size, stream, false); }
+  void run(cudaStream_t stream) override {
+    if (plan == nullptr)
+      kern::small_sgemm(g, device, stream);
+    else
+      lt_matmul(*plan, g, device, ws, ws_size, stream, false);
+  }
   backend::GemmArgs g;
   std::array<Tensor, 3> held;
   int device;
-  const LtPlan* plan;  // plans live as long as the process
+  const LtPlan* plan;  // plans live as long as the process; null: a float32 gemm of small_gemm.cu
   void* ws;
   std::shared_ptr<void> ws_owner;  // keeps ws allocated
   size_t ws_size;
@@ -396,15 +414,19 @@ std::atomic<int64_t> g_gemm_activation_fusions{0};
 // GEMMs with fewer outputs gain less from a fused activation than deferring costs on the host.
 constexpr int64_t kDeferGemmMinOutputs = int64_t{1} << 16;
 
-// Whether g may wait for the next op: a deferrable float16 / bfloat16 gemm whose epilogue a GELU
-// can extend (none or bias), large enough, outside autotuning.
-bool may_defer_gemm(const backend::GemmArgs& g) {
-  return g.deferrable && g.operands[0] != nullptr && g.operands[1] != nullptr &&
-         (g.epilogue == backend::GemmEpilogue::None || g.operands[2] != nullptr) &&
-         g_gemm_activation_fusion.load(std::memory_order_relaxed) && is_reduced_float(g.dtype) &&
-         !g.c_float32 && g.batch == 1 && g.m * g.n >= kDeferGemmMinOutputs && g.n % 8 == 0 &&
-         (g.epilogue == backend::GemmEpilogue::None || g.epilogue == backend::GemmEpilogue::Bias) &&
-         !tg::backends::cublas::benchmark();
+// Whether g may wait for the next op: a deferrable gemm whose epilogue an activation can extend
+// (none or bias), outside autotuning: float16 / bfloat16 ones large enough for cuBLASLt's GELU
+// epilogue to pay, or (small) float32 ones that small_gemm.cu runs, whose ReLU epilogue saves a
+// launch at any size.
+bool may_defer_gemm(const backend::GemmArgs& g, bool small) {
+  if (!g.deferrable || g.operands[0] == nullptr || g.operands[1] == nullptr ||
+      (g.epilogue != backend::GemmEpilogue::None && g.operands[2] == nullptr) ||
+      !g_gemm_activation_fusion.load(std::memory_order_relaxed) || g.batch != 1 ||
+      (g.epilogue != backend::GemmEpilogue::None && g.epilogue != backend::GemmEpilogue::Bias) ||
+      tg::backends::cublas::benchmark())
+    return false;
+  if (small) return true;
+  return is_reduced_float(g.dtype) && !g.c_float32 && g.m * g.n >= kDeferGemmMinOutputs && g.n % 8 == 0;
 }
 
 bool gemm_activation_fusion_enabled() { return g_gemm_activation_fusion.load(std::memory_order_relaxed); }
@@ -539,6 +561,10 @@ void gemm(const backend::GemmArgs& g) {
     case kFloat32: {
       // Few output tiles, full float32: the split-K kernel of small_gemm.cu, epilogue included.
       if (small_sgemm_applies(g)) {
+        if (may_defer_gemm(g, true)) {
+          std::unique_ptr<DeferredCall> call = std::make_unique<DeferredGemm>(g, device, nullptr, nullptr, nullptr, 0);
+          if (defer_call(call, stream, device)) return;
+        }
         kern::small_sgemm(g, device, stream);
         return;
       }
@@ -593,7 +619,7 @@ void gemm(const backend::GemmArgs& g) {
            "] x [", g.k, ", ", g.n, "] (ask gemm_fuses first)");
   size_t ws_size = 0;
   void* ws = cublas_workspace(device, &ws_size);
-  if (may_defer_gemm(g)) {
+  if (may_defer_gemm(g, false)) {
     std::unique_ptr<DeferredCall> call =
         std::make_unique<DeferredGemm>(g, device, &plan, ws, cublas_workspace_ref(device, stream), ws_size);
     if (defer_call(call, stream, device)) return;
@@ -602,8 +628,11 @@ void gemm(const backend::GemmArgs& g) {
 }
 
 Tensor fuse_into_deferred_gemm(backend::ElemOp op, const Tensor& a) {
-  if (op != backend::ElemOp::GeluTanh || !gemm_activation_fusion_enabled() || !a.defined() || !a.is_cuda() ||
-      !is_reduced_float(a.dtype()) || !a.is_contiguous() || a.numel() == 0 ||
+  // GELU (tanh) into cuBLASLt's GELU_AUX(_BIAS) for float16 / bfloat16; ReLU into small_gemm.cu's
+  // epilogue for float32.
+  const bool gelu = op == backend::ElemOp::GeluTanh && a.defined() && is_reduced_float(a.dtype());
+  const bool relu = op == backend::ElemOp::Relu && a.defined() && a.dtype() == kFloat32;
+  if ((!gelu && !relu) || !gemm_activation_fusion_enabled() || !a.is_cuda() || !a.is_contiguous() || a.numel() == 0 ||
       !g_launches_pending.load(std::memory_order_acquire))
     return Tensor();
   const int device = a.device().index() >= 0 ? a.device().index() : resolve(-1);
@@ -611,14 +640,16 @@ Tensor fuse_into_deferred_gemm(backend::ElemOp op, const Tensor& a) {
   // a's address without data_ptr(), which would flush the gemm this is about.
   void* a_ptr = static_cast<char*>(a.impl().storage->data()) +
                 a.storage_offset() * static_cast<int64_t>(element_size(a.dtype()));
-  auto is_result = [&](const backend::GemmArgs& g) {
+  auto is_result = [&](const DeferredGemm& d) {
+    const backend::GemmArgs& g = d.g;
     return g.c == a_ptr && g.m * g.n == a.numel() && g.dtype == a.dtype() && g.ldc == g.n &&
+           (d.plan == nullptr) == relu &&
            (g.epilogue == backend::GemmEpilogue::None || g.epilogue == backend::GemmEpilogue::Bias);
   };
   backend::GemmArgs seen{};
   if (!amend_last_call(stream, device, [&](DeferredCall& c) {
         auto* d = dynamic_cast<DeferredGemm*>(&c);
-        if (d == nullptr || !is_result(d->g)) return false;
+        if (d == nullptr || !is_result(*d)) return false;
         seen = d->g;
         return true;
       }))
@@ -626,21 +657,27 @@ Tensor fuse_into_deferred_gemm(backend::ElemOp op, const Tensor& a) {
   // The activation's tensor and the plan, outside the queue's lock.
   Tensor out = tg::empty(a.sizes(), TensorOptions().dtype(a.dtype()).device(a.device()));
   backend::GemmArgs fused = seen;
-  fused.epilogue =
-      seen.epilogue == backend::GemmEpilogue::Bias ? backend::GemmEpilogue::BiasGeluTanh : backend::GemmEpilogue::GeluTanh;
+  const bool bias = seen.epilogue == backend::GemmEpilogue::Bias;
+  fused.epilogue = relu ? (bias ? backend::GemmEpilogue::BiasRelu : backend::GemmEpilogue::Relu)
+                        : (bias ? backend::GemmEpilogue::BiasGeluTanh : backend::GemmEpilogue::GeluTanh);
   fused.epilogue_aux = seen.c;
   fused.c = static_cast<char*>(out.impl().storage->data()) +
             out.storage_offset() * static_cast<int64_t>(element_size(out.dtype()));
   DeviceGuard guard(device);
-  const LtPlan& plan = lt_plan(fused, device);
-  if (!plan.ok) return Tensor();
+  const LtPlan* plan = nullptr;
+  if (relu) {
+    if (!kern::small_sgemm_fits(fused)) return Tensor();
+  } else {
+    plan = &lt_plan(fused, device);
+    if (!plan->ok) return Tensor();
+  }
   const bool amended = amend_last_call(stream, device, [&](DeferredCall& c) {
     auto* d = dynamic_cast<DeferredGemm*>(&c);
-    if (d == nullptr || !is_result(d->g) || d->g.a != seen.a || d->g.b != seen.b ||
-        d->g.epilogue != seen.epilogue || d->g.epilogue_ptr != seen.epilogue_ptr || d->g.k != seen.k)
+    if (d == nullptr || !is_result(*d) || d->g.a != seen.a || d->g.b != seen.b || d->g.epilogue != seen.epilogue ||
+        d->g.epilogue_ptr != seen.epilogue_ptr || d->g.k != seen.k)
       return false;
     d->g = fused;
-    d->plan = &plan;
+    d->plan = plan;
     return true;
   });
   if (!amended) return Tensor();

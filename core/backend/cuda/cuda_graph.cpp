@@ -88,6 +88,9 @@ struct GraphState {
   // Ends an unfinished capture and throws its graph away. Never throws.
   void abort_capture() noexcept {
     if (!capturing) return;
+    // A call still waiting in the launch queue (a deferred gemm) belongs to this capture: it goes
+    // into it (and is thrown away with it), not onto the stream after the capture ends.
+    detail::flush_launches_nothrow();
     cudaGraph_t g = nullptr;
     const cudaError_t err = cudaStreamEndCapture(stream, &g);
     if (g) (void)cudaGraphDestroy(g);
@@ -238,6 +241,14 @@ void Graph::capture_end() {
   TG_CHECK(m.thread == std::this_thread::get_id(),
            "tg::cuda::Graph::capture_end: must be called by the thread that began the capture");
   const int device = m.device;
+  // A call still waiting in the launch queue (a deferred gemm) is part of the captured work.
+  try {
+    detail::flush_launches();
+  } catch (const std::exception& e) {
+    m.drop_quietly();
+    TG_ERROR("tg::cuda::Graph::capture_end: the captured work failed on cuda:", device,
+             " and the capture was discarded. Cause: ", e.what());
+  }
   cudaGraph_t graph = nullptr;
   const cudaError_t err = cudaStreamEndCapture(m.stream, &graph);
   m.leave_capture();

@@ -159,17 +159,19 @@ cudaError_t flush_locked(Queue& q, std::exception_ptr& thrown) {
 }
 
 // Whether work for (stream, device) may wait in the queue now (the queue flushed when not).
-bool may_defer(cudaStream_t stream, int device) {
+// Launches for a graph being captured go into that capture now (a chain graph's replay cannot be
+// captured); a deferred call may still wait there, as it runs on the stream itself when flushed
+// (Graph::capture_end flushes before the capture ends).
+bool may_defer(cudaStream_t stream, int device, bool call) {
   if (!launch_batching_enabled()) return false;
   bool ok = tls_defer_allowed && device >= 0 && device < kMaxDevices;
   if (ok) {
-    // Work for a graph being captured goes into that capture, now.
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream, &st) != cudaSuccess) {
       (void)cudaGetLastError();
       ok = false;
     } else {
-      ok = st == cudaStreamCaptureStatusNone;
+      ok = st == cudaStreamCaptureStatusNone || (call && st == cudaStreamCaptureStatusActive);
     }
   }
   if (!ok) flush_launches();
@@ -247,7 +249,7 @@ bool defer_launch(const void* func, dim3 grid, dim3 block, cudaStream_t stream, 
     flush_launches();
     return false;
   }
-  if (!may_defer(stream, device)) return false;
+  if (!may_defer(stream, device, false)) return false;
   enqueue(stream, device, [&](Record& r) {
     r.func = func;
     r.grid = grid;
@@ -263,7 +265,7 @@ bool defer_launch(const void* func, dim3 grid, dim3 block, cudaStream_t stream, 
 }
 
 bool defer_call(std::unique_ptr<DeferredCall>& call, cudaStream_t stream, int device) {
-  if (!may_defer(stream, device)) return false;
+  if (!may_defer(stream, device, true)) return false;
   enqueue(stream, device, [&](Record& r) { r.call = std::move(call); });
   return true;
 }

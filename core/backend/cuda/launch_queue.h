@@ -16,13 +16,15 @@
 // stream handle, run elementwise steps of its own and launch on the handle afterwards, and
 // those steps must already be on the stream. "Inside a CUDA op" is counted by DeviceGuard,
 // which every CUDA op takes to run on its operands' device (runtime.h): no op code knows the
-// queue (tests/core/launch_batching_test.cpp, OpUnawareOfTheQueueIsExact). Nothing is deferred
-// while the stream is being captured into a graph. TG_LAUNCH_BATCHING=0 in the environment
+// queue (tests/core/launch_batching_test.cpp, OpUnawareOfTheQueueIsExact). No launch is deferred
+// while the stream is being captured into a graph (a deferred call may be: it runs on the stream
+// itself, and Graph::capture_end flushes it into the capture). TG_LAUNCH_BATCHING=0 in the environment
 // turns batching off for the process.
 //
 // A deferred call is a library call (a cuBLASLt matmul, blas.cpp) that waits in the same queue, in
 // order with the launches, so that the op after it may still amend it before it is enqueued: a
-// linear's gemm takes a following GELU as its epilogue (Backend::fuse_into_deferred_gemm). Whoever
+// linear's gemm takes a following GELU (half types) or ReLU (float32) as its epilogue
+// (Backend::fuse_into_deferred_gemm). Whoever
 // defers a call has already flushed what came before (it took the stream handle).
 #pragma once
 #include <cuda_runtime_api.h>

@@ -11,6 +11,9 @@
 // leaves its partial tile in its shared memory, and after a cluster barrier each block adds a
 // slice of the tile from all of them (distributed shared memory) in split order and runs the
 // epilogue. No global workspace, no atomics: bit-reproducible for given operands and device.
+// Epilogues: bias; bias gradient (A's row sums or B's column sums); ReLU, the pre-activation also
+// written (a linear and the ReLU after it: fuse_into_deferred_gemm); the gradient through a ReLU
+// (a linear's input gradient times its saved output's mask: the ReLU's backward pass goes).
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -35,7 +38,7 @@ constexpr int kMaxStepsPerSplit = 16;              // K steps a block, at most (
 constexpr int kLd = kTile + kPad;                  // shared rows of a K step, padded
 constexpr int kStageFloats = kStep * kLd;          // one operand's K step
 
-enum Epi : int { kNone, kBias, kRowSumsA, kColSumsB };
+enum Epi : int { kNone, kBias, kRowSumsA, kColSumsB, kRelu, kBiasRelu, kReluBackward };
 
 struct SgemmArgs {
   const float* a;
@@ -46,7 +49,8 @@ struct SgemmArgs {
   int tiles_n;
   int k_per_split;  // a multiple of kStep
   int epi;
-  float* v;  // bias (read) or row / column sums (written)
+  float* v;    // bias or saved ReLU output (read), or row / column sums (written)
+  float* aux;  // kRelu / kBiasRelu: the pre-activation, m x n row-major
 };
 
 template <bool TA, bool TB>
@@ -149,7 +153,15 @@ __global__ void __launch_bounds__(kThreads) small_sgemm_kernel(SgemmArgs p) {
 
   auto write = [&](int row, int col, float s) {
     const int gi = m0 + row, gj = n0 + col;
-    if (gi < p.m && gj < p.n) p.c[int64_t{gi} * p.ldc + gj] = p.epi == kBias ? s + __ldg(p.v + gj) : s;
+    if (gi >= p.m || gj >= p.n) return;
+    if (p.epi == kBias || p.epi == kBiasRelu) s += __ldg(p.v + gj);
+    if (p.epi == kRelu || p.epi == kBiasRelu) {
+      p.aux[int64_t{gi} * p.n + gj] = s;
+      s = s < 0.f ? 0.f : s;  // ReluF: NaN stays
+    } else if (p.epi == kReluBackward) {
+      s = __ldg(p.v + int64_t{gi} * p.n + gj) > 0.f ? s : 0.f;  // ReluBackwardF
+    }
+    p.c[int64_t{gi} * p.ldc + gj] = s;
   };
   auto write_v = [&](int e, float s) {
     const int o = (p.epi == kRowSumsA ? m0 : n0) + e;
@@ -251,6 +263,9 @@ int epi_of(backend::GemmEpilogue e) {
     case backend::GemmEpilogue::Bias: return kBias;
     case backend::GemmEpilogue::RowSumsA: return kRowSumsA;
     case backend::GemmEpilogue::ColSumsB: return kColSumsB;
+    case backend::GemmEpilogue::Relu: return kRelu;
+    case backend::GemmEpilogue::BiasRelu: return kBiasRelu;
+    case backend::GemmEpilogue::ReluBackward: return kReluBackward;
     default: return -1;
   }
 }
@@ -264,8 +279,10 @@ struct Plan {
 
 Plan plan_of(const backend::GemmArgs& g, int device) {
   Plan pl;
-  if (g.dtype != kFloat32 || g.c_float32 || g.batch != 1 || epi_of(g.epilogue) < 0 ||
-      (g.epilogue != backend::GemmEpilogue::None && g.epilogue_ptr == nullptr) || g.m < 1 || g.n < 1 || g.k < 1 ||
+  const int epi = epi_of(g.epilogue);
+  const bool wants_v = epi != kNone && epi != kRelu, wants_aux = epi == kRelu || epi == kBiasRelu;
+  if (g.dtype != kFloat32 || g.c_float32 || g.batch != 1 || epi < 0 || (wants_v && g.epilogue_ptr == nullptr) ||
+      (wants_aux && g.epilogue_aux == nullptr) || g.m < 1 || g.n < 1 || g.k < 1 ||
       g.m * g.n > kMaxOutputs || g.k > INT_MAX / 2 || g.lda > INT_MAX || g.ldb > INT_MAX || g.ldc > INT_MAX)
     return pl;
   const int tiles_m = static_cast<int>((g.m + kTile - 1) / kTile);
@@ -307,6 +324,7 @@ void small_sgemm(const backend::GemmArgs& g, int device, cudaStream_t stream) {
   p.ldc = g.ldc;
   p.epi = epi_of(g.epilogue);
   p.v = static_cast<float*>(g.epilogue_ptr);
+  p.aux = static_cast<float*>(g.epilogue_aux);
   p.tiles_n = pl.tiles_n;
   p.k_per_split = pl.per_split * kStep;
 
