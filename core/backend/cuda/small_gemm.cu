@@ -257,6 +257,33 @@ int max_cluster(int device, bool ta, bool tb) {
   return it->second;
 }
 
+// How many clusters of `size` blocks of this variant the device holds at once (cached per device,
+// variant and size): a grid of more tiles than that runs its clusters in two waves.
+int active_clusters(int device, bool ta, bool tb, int size) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, bool, bool, int>, int> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = known.try_emplace({device, ta, tb, size}, 0);
+  if (!fresh) return it->second;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(1, static_cast<unsigned>(size));
+  cfg.blockDim = dim3(kThreads);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = static_cast<unsigned>(size);
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel_of(ta, tb), &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    clusters = 0;
+  }
+  it->second = clusters;
+  return clusters;
+}
+
 int epi_of(backend::GemmEpilogue e) {
   switch (e) {
     case backend::GemmEpilogue::None: return kNone;
@@ -289,8 +316,11 @@ Plan plan_of(const backend::GemmArgs& g, int device) {
   pl.tiles_n = static_cast<int>((g.n + kTile - 1) / kTile);
   pl.tiles = tiles_m * pl.tiles_n;
   const int steps = static_cast<int>((g.k + kStep - 1) / kStep);
-  const int want =
+  int want =
       std::clamp(std::min(2 * sm_count(device) / pl.tiles, steps / 2), 1, max_cluster(device, g.trans_a, g.trans_b));
+  // Every tile's cluster resident at once: with 16 tiles in clusters of 13 or 16 the H100 / H200
+  // held 14 (ncu, issue 15's MLP), and the last two ran as a second wave.
+  while (want > 1 && active_clusters(device, g.trans_a, g.trans_b, want) < pl.tiles) --want;
   pl.per_split = (steps + want - 1) / want;
   // Past kMaxStepsPerSplit a block's K loop is long enough for cuBLAS's larger tiles to win
   // (this kernel issues at ~0.35 instructions a cycle per scheduler: it is for latency-bound
