@@ -221,6 +221,27 @@ Kernel kernel_of(bool ta, bool tb) {
             : (tb ? small_sgemm_kernel<false, true> : small_sgemm_kernel<false, false>);
 }
 
+// How many clusters of `size` blocks (along y) of kernel k the device holds at once (0: none, or
+// the size refused).
+int resident_clusters(Kernel k, int size) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(1, static_cast<unsigned>(size));
+  cfg.blockDim = dim3(kThreads);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = static_cast<unsigned>(size);
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, k, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return clusters;
+}
+
 // The largest cluster (<= kMaxSplits blocks along y) the device can hold for this kernel,
 // asked once per device and variant (16 where the GPU allows that non-portable size).
 int max_cluster(int device, bool ta, bool tb) {
@@ -237,22 +258,10 @@ int max_cluster(int device, bool ta, bool tb) {
   Kernel k = kernel_of(ta, tb);
   if (cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) (void)cudaGetLastError();
   for (int size = kMaxSplits; size > 1; --size) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(1, static_cast<unsigned>(size));
-    cfg.blockDim = dim3(kThreads);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = static_cast<unsigned>(size);
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, k, &cfg) == cudaSuccess && clusters > 0) {
+    if (resident_clusters(k, size) > 0) {
       it->second = size;
       break;
     }
-    (void)cudaGetLastError();
   }
   return it->second;
 }
@@ -264,24 +273,8 @@ int active_clusters(int device, bool ta, bool tb, int size) {
   static std::map<std::tuple<int, bool, bool, int>, int> known;
   std::lock_guard<std::mutex> lock(mu);
   auto [it, fresh] = known.try_emplace({device, ta, tb, size}, 0);
-  if (!fresh) return it->second;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(1, static_cast<unsigned>(size));
-  cfg.blockDim = dim3(kThreads);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = static_cast<unsigned>(size);
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel_of(ta, tb), &cfg) != cudaSuccess) {
-    (void)cudaGetLastError();
-    clusters = 0;
-  }
-  it->second = clusters;
-  return clusters;
+  if (fresh) it->second = resident_clusters(kernel_of(ta, tb), size);
+  return it->second;
 }
 
 int epi_of(backend::GemmEpilogue e) {
