@@ -80,11 +80,10 @@ struct AdamCoeffs {
 };
 
 // beta^step for a bias correction. A step count is a whole number: by squaring, about 2 log2(step)
-// float64 multiplies (the squarings double the relative error each time, but 1 - beta^step stays
-// within 3e-12 (relative) of pow's for betas 0.9-0.99999 and steps to 2^24: invisible in float32) and the
-// same bits on CPU and GPU; CUDA's float64 pow is ~400 dependent instructions, which every block of
-// a fused step computed before touching its chunk (most of a small model's optimizer step). Other
-// counts (fractional, or past 2^24) take pow.
+// float64 multiplies (1 - beta^step within 3e-12 relative of pow's for betas 0.9-0.99999 and steps
+// to 2^24: invisible in float32), the same bits on CPU and GPU. CUDA's float64 pow is a long
+// dependent chain every block of a fused step ran before touching its chunk (ncu, the MNIST MLP's
+// Adam kernel on an H100: 13.7 -> 12.5 us). Other counts (fractional, or past 2^24) take pow.
 TG_HOST_DEVICE inline double step_power(double beta, double step) {
   if (!(step >= 0.0 && step <= 16777216.0) || step != static_cast<double>(static_cast<int64_t>(step)))
     return ::pow(beta, step);
