@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include <tapegrad/core/backend/cuda/dependent_launch.cuh>
 #include <tapegrad/core/backend/cuda/kernels.cuh>
 #include <tapegrad/core/backend/cuda/loops.cuh>
 
@@ -30,6 +31,7 @@ __device__ __forceinline__ void copy_word(const GatherRowsArgs& a, int k, int64_
 
 template <class I>
 __global__ void __launch_bounds__(kThreads) gather_rows_multi_kernel(GatherRowsArgs a, const I* index) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   const int64_t u = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (u >= a.begin[a.count]) return;
   int k = 0;
@@ -87,13 +89,13 @@ void gather_rows(const std::vector<Tensor>& outs, const std::vector<Tensor>& ins
   }
   a.begin[a.count] = total;
   if (total == 0) return;
-  cudaStream_t stream = detail::current_stream_handle(index.device().index());
-  const unsigned grid = static_cast<unsigned>((total + kThreads - 1) / kThreads);
+  const int device = index.device().index();
+  const LaunchShape shape{dim3(static_cast<unsigned>((total + kThreads - 1) / kThreads)), dim3(kThreads), 0,
+                          detail::current_stream_handle(device), device};
   if (index.dtype() == DType::Int64)
-    gather_rows_multi_kernel<int64_t><<<grid, kThreads, 0, stream>>>(a, static_cast<const int64_t*>(index.data_ptr()));
+    launch_dependent(gather_rows_multi_kernel<int64_t>, shape, a, static_cast<const int64_t*>(index.data_ptr()));
   else
-    gather_rows_multi_kernel<int32_t><<<grid, kThreads, 0, stream>>>(a, static_cast<const int32_t*>(index.data_ptr()));
-  TG_CUDA_CHECK_LAUNCH();
+    launch_dependent(gather_rows_multi_kernel<int32_t>, shape, a, static_cast<const int32_t*>(index.data_ptr()));
 }
 
 }  // namespace tg::cuda::kern

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include <tapegrad/core/backend/backend.h>
+#include <tapegrad/core/backend/cuda/dependent_launch.cuh>
 #include <tapegrad/core/backend/cuda/launch_queue.h>
 #include <tapegrad/core/backend/cuda/opmath.cuh>
 #include <tapegrad/core/backend/cuda/runtime.h>
@@ -139,10 +140,11 @@ void launch_tuple(void (*kernel)(P...), dim3 grid, dim3 block, const LaunchTarge
   const size_t sizes[] = {sizeof(P)...};
   const void* fn = reinterpret_cast<const void*>(kernel);
   if (t.defer && detail::defer_launch(fn, grid, block, t.stream, t.device, args, sizes, sizeof...(P))) return;
-  TG_CUDA_CHECK(cudaLaunchKernel(fn, grid, block, args, 0, t.stream));
+  launch_dependent_args(fn, LaunchShape{grid, block, 0, t.stream, t.device}, args);
 }
 
-// kernel<<<grid, block, 0, t.stream>>>(a...), or recorded for a batched launch.
+// kernel<<<grid, block, 0, t.stream>>>(a...) as a dependent launch (the kernel follows
+// dependent_launch.cuh's rule), or recorded for a batched launch.
 template <class... P, class... A>
 void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, const LaunchTarget& t, const A&... a) {
   static_assert(sizeof...(P) == sizeof...(A), "launch_kernel: argument count");
@@ -221,6 +223,7 @@ __device__ __forceinline__ auto apply_loaded(const F& f, char* const* base, cons
 template <class F, class Out, class... In>
 __global__ void __launch_bounds__(kBlock) strided_kernel(OffsetCalc<1 + sizeof...(In)> oc,
                                                          Ptrs<1 + sizeof...(In)> ptrs, uint32_t numel, F f) {
+  wait_prior_grids();  // launch_kernel launches dependent
   constexpr int N = 1 + sizeof...(In);
   uint32_t base = blockIdx.x * (kBlock * kUnroll) + threadIdx.x;
   int64_t off[kUnroll][N];
@@ -332,6 +335,7 @@ __device__ __forceinline__ void tail_offsets(const VecArgs<N>& a, uint32_t e, in
 template <int V, class F, class Out, class... In>
 __global__ void __launch_bounds__(kBlock) vec_kernel(VecArgs<1 + sizeof...(In)> a, IntDivider upr, uint32_t units,
                                                      uint32_t tail_begin, uint32_t tail, F f) {
+  wait_prior_grids();  // launch_kernel launches dependent
   constexpr int N = 1 + sizeof...(In);
   using Idx = std::index_sequence_for<In...>;
   uint32_t base = blockIdx.x * (kBlock * kUnroll) + threadIdx.x;

@@ -29,12 +29,17 @@
 #include <type_traits>
 #include <vector>
 
+#include <tapegrad/core/backend/cuda/dependent_launch.cuh>
 #include <tapegrad/core/backend/cuda/launch_queue.h>
 #include <tapegrad/core/backend/cuda/opmath.cuh>
 #include <tapegrad/core/backend/cuda/runtime.h>
 #include <tapegrad/core/dtype.h>
 
 namespace tg::cuda::mt {
+
+using kern::LaunchShape;
+using kern::launch_dependent;
+using kern::wait_prior_grids;
 
 inline constexpr int kBlockSize = 512;
 inline constexpr int kILP = 4;                // elements per thread per iteration
@@ -78,6 +83,7 @@ struct TensorListEntry {
 template <int Depth, class Functor, class... Args>
 __global__ void __launch_bounds__(kBlockSize)
     multi_tensor_kernel(TensorListMeta<Depth> meta, int64_t chunk_size, Functor f, Args... args) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   f(meta, chunk_size, args...);
 }
 
@@ -97,13 +103,16 @@ class MultiTensorPlan {
   const std::vector<TensorListEntry<Depth>>& entries() const { return entries_; }
   size_t num_launches() const { return launches_.size(); }
 
-  // Launches f over every chunk on `stream`; args are passed by value to every launch.
+  // Launches f over every chunk on `stream` (of the current device); args are passed by value to
+  // every launch.
   template <class Functor, class... Args>
   void launch(cudaStream_t stream, Functor f, Args... args) const {
-    for (const auto& meta : launches_) {
-      multi_tensor_kernel<Depth><<<meta.num_blocks, kBlockSize, 0, stream>>>(meta, chunk_size_, f, args...);
-      TG_CUDA_CHECK_LAUNCH();
-    }
+    int device = 0;
+    TG_CUDA_CHECK(cudaGetDevice(&device));
+    for (const auto& meta : launches_)
+      launch_dependent(multi_tensor_kernel<Depth, Functor, Args...>,
+                       LaunchShape{dim3(meta.num_blocks), dim3(kBlockSize), 0, stream, device}, meta, chunk_size_, f,
+                       args...);
   }
 
  private:

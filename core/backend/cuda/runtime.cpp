@@ -4,6 +4,8 @@
 #include <tapegrad/core/backend/cuda/runtime.h>
 
 #include <array>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -72,6 +74,41 @@ bool current_stream_capturing(int device) {
   TG_CUDA_CHECK(cudaStreamIsCapturing(current_stream_handle(device), &st));
   return st != cudaStreamCaptureStatusNone;
 }
+
+namespace {
+std::atomic<int> g_dependent_launch{-1};  // -1: TG_DEPENDENT_LAUNCH not read yet
+}
+
+bool dependent_launch(int device) {
+  int on = g_dependent_launch.load(std::memory_order_relaxed);
+  if (on < 0) {
+    // Off unless TG_DEPENDENT_LAUNCH=1 until it has run on the GPU (benchmarks/NOTES.md).
+    const char* v = std::getenv("TG_DEPENDENT_LAUNCH");
+    on = v && std::strcmp(v, "1") == 0 ? 1 : 0;
+    int expected = -1;
+    if (!g_dependent_launch.compare_exchange_strong(expected, on)) on = expected;
+  }
+  if (!on) return false;
+  // sm_90+ only (griddepcontrol); asked once per device.
+  static std::array<std::atomic<int>, kMaxDevices> major{};
+  if (device < 0 || device >= kMaxDevices) return false;
+  int m = major[device].load(std::memory_order_relaxed);
+  if (m == 0) {
+    if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      m = -1;
+    }
+    major[device].store(m, std::memory_order_relaxed);
+  }
+  return m >= 9;
+}
+
+bool dependent_launch_setting() {
+  (void)dependent_launch(-1);  // reads TG_DEPENDENT_LAUNCH once
+  return g_dependent_launch.load(std::memory_order_relaxed) == 1;
+}
+
+void set_dependent_launch(bool on) { g_dependent_launch.store(on ? 1 : 0, std::memory_order_relaxed); }
 
 cudaStream_t current_stream_noflush(int device) {
   if (device < 0) TG_CUDA_CHECK(cudaGetDevice(&device));

@@ -60,6 +60,14 @@ cudaStream_t current_stream_handle(int device);
 // may themselves be deferred.
 cudaStream_t current_stream_noflush(int device);
 
+// Whether kernels launched through launch_dependent (dependent_launch.cuh) may overlap the
+// previous kernel's tail on `device`: sm_90+, and TG_DEPENDENT_LAUNCH=1 in the environment or
+// set_dependent_launch(true) (off by default until validated on the GPU; an A/B switch for
+// benchmarks and tests: set it between steps).
+bool dependent_launch(int device);
+bool dependent_launch_setting();
+void set_dependent_launch(bool on);
+
 // Whether the current stream of `device` is being captured into a CUDA graph (then nothing
 // may synchronise with the host, so host-side checks that read device data are skipped).
 bool current_stream_capturing(int device);

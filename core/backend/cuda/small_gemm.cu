@@ -23,6 +23,7 @@
 
 #include <cooperative_groups.h>
 
+#include <tapegrad/core/backend/cuda/dependent_launch.cuh>
 #include <tapegrad/core/backend/cuda/kernels.cuh>
 #include <tapegrad/core/backend/cuda/reduce.cuh>
 #include <tapegrad/core/backend/cuda/runtime.h>
@@ -59,6 +60,7 @@ __global__ void __launch_bounds__(kThreads) small_sgemm_kernel(SgemmArgs p) {
   // [A buffer 0, A buffer 1, B buffer 0, B buffer 1], each [kStep][kLd]; then the partial tile.
   __shared__ __align__(16) float sm[4 * kStageFloats];
   static_assert(4 * kStageFloats >= kTile * kTile, "the partial tile reuses the staging buffers");
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   const int t = threadIdx.x, tx = t % 16, ty = t / 16;
   const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
   const int tm = tile / p.tiles_n, tn = tile % p.tiles_n;
@@ -351,18 +353,13 @@ void small_sgemm(const backend::GemmArgs& g, int device, cudaStream_t stream) {
   p.tiles_n = pl.tiles_n;
   p.k_per_split = pl.per_split * kStep;
 
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(pl.tiles), static_cast<unsigned>(pl.splits));
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = static_cast<unsigned>(pl.splits);
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  TG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel_of(g.trans_a, g.trans_b), p));
+  LaunchShape shape;
+  shape.grid = dim3(static_cast<unsigned>(pl.tiles), static_cast<unsigned>(pl.splits));
+  shape.block = dim3(kThreads);
+  shape.stream = stream;
+  shape.device = device;
+  shape.cluster = dim3(1, static_cast<unsigned>(pl.splits), 1);
+  launch_dependent(kernel_of(g.trans_a, g.trans_b), shape, p);
 }
 
 }  // namespace tg::cuda::kern

@@ -515,6 +515,7 @@ template <class T, int V>
 __global__ void __launch_bounds__(kSmallThreads)
     ce_small_kernel(const T* __restrict__ x, CeParams<acc_t<T>> p, bool mean, acc_t<T>* out, acc_t<T>* denom_out,
                     acc_t<T>* lse_out, T* __restrict__ gx, int64_t rows, int64_t cols) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   using A = acc_t<T>;
   A d = 0;
   for (int64_t i = threadIdx.x; i < rows; i += kSmallThreads) {
@@ -762,7 +763,8 @@ bool cross_entropy_reduced(const CeArgs& a, bool mean, const Tensor& out, const 
                            const Tensor& grad_logits) {
   const int64_t rows = a.logits.size(0), cols = a.logits.size(1);
   if (a.logits.numel() > kSmallMaxNumel || cols > kWarpRowMax) return false;
-  cudaStream_t stream = detail::current_stream_handle(a.logits.device().index());
+  const int device = a.logits.device().index();
+  const LaunchShape shape{dim3(1), dim3(kSmallThreads), 0, detail::current_stream_handle(device), device};
   dispatch<kFloats>(a.logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
@@ -774,10 +776,9 @@ bool cross_entropy_reduced(const CeArgs& a, bool mean, const Tensor& out, const 
     A* ls = static_cast<A*>(lse.data_ptr());
     const CeParams<A> p = ce_params<A>(a);
     if (aligned_rows<T>(cols, {x, gx}))
-      ce_small_kernel<T, V><<<1, kSmallThreads, 0, stream>>>(x, p, mean, o, dn, ls, gx, rows, cols);
+      launch_dependent(ce_small_kernel<T, V>, shape, x, p, mean, o, dn, ls, gx, rows, cols);
     else
-      ce_small_kernel<T, 1><<<1, kSmallThreads, 0, stream>>>(x, p, mean, o, dn, ls, gx, rows, cols);
-    TG_CUDA_CHECK_LAUNCH();
+      launch_dependent(ce_small_kernel<T, 1>, shape, x, p, mean, o, dn, ls, gx, rows, cols);
   });
   return true;
 }
