@@ -1,10 +1,10 @@
 // Programmatic dependent launch (sm_90+): a kernel launched with launch_dependent may start
 // while the kernel before it on the stream is still running. Its blocks are placed on the SMs
 // and wait at wait_prior_grids() (griddepcontrol.wait) until that kernel has finished and its
-// writes are visible. What is saved is the gap between two dependent kernels (the launch of the
-// next grid and the placing of its blocks, about 1-2 µs on an H100 / H200 with graph replay:
-// benchmarks/NOTES.md, "Dependent launch"), which dominates a step made of many small kernels
-// (issue 15's batch-128 MLP).
+// writes are visible. What it is meant to save is the gap between two dependent kernels (the
+// launch of the next grid and the placing of its blocks), which weighs on a step made of many
+// small kernels (issue 15's batch-128 MLP). Not yet measured and off by default: benchmarks/NOTES.md,
+// "programmatic dependent launch".
 //
 // The rule, for every kernel launched through launch_dependent: each thread calls
 // wait_prior_grids() before its first access to global memory (read or write: the previous kernel
@@ -44,7 +44,7 @@ struct LaunchShape {
 
 // kernel<<<s.grid, s.block, s.smem, s.stream>>> with the kernel parameters `args` (pointers to
 // the values), in clusters of s.cluster, allowed to overlap the previous kernel's tail where
-// detail::dependent_launch(s.device) (sm_90+, not turned off). The kernel must follow the rule above.
+// detail::dependent_launch(s.device) (sm_90+, turned on). The kernel must follow the rule above.
 inline void launch_dependent_args(const void* kernel, const LaunchShape& s, void** args) {
   cudaLaunchAttribute attrs[2];
   unsigned n = 0;
