@@ -3,8 +3,8 @@
 // and wait at wait_prior_grids() (griddepcontrol.wait) until that kernel has finished and its
 // writes are visible. What it is meant to save is the gap between two dependent kernels (the
 // launch of the next grid and the placing of its blocks), which weighs on a step made of many
-// small kernels (issue 15's batch-128 MLP). Not yet measured and off by default: benchmarks/NOTES.md,
-// "programmatic dependent launch".
+// small kernels (issue 15's batch-128 MLP: -8% a step, benchmarks/NOTES.md, "programmatic
+// dependent launch"). On by default; TG_DEPENDENT_LAUNCH=0 turns it off.
 //
 // The rule, for every kernel launched through launch_dependent: each thread calls
 // wait_prior_grids() before its first access to global memory (read or write: the previous kernel

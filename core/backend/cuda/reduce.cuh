@@ -17,8 +17,9 @@
 #include <limits>
 
 #include <tapegrad/core/backend/backend.h>
-#include <tapegrad/core/backend/cuda/elementwise_ops.cuh>
 #include <tapegrad/core/backend/cuda/runtime.h>
+#include <tapegrad/core/backend/cuda/dependent_launch.cuh>
+#include <tapegrad/core/backend/cuda/elementwise_ops.cuh>
 
 namespace tg::cuda::kern {
 
@@ -207,6 +208,7 @@ template <class R, class S>
 __global__ void __launch_bounds__(kReduceThreads)
     reduce_inner_kernel(R r, const S* in, int64_t M, int64_t K, int64_t row_stride, int64_t split, int64_t chunk,
                         typename R::Acc* partial, void* out, DType out_dtype) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   using Acc = typename R::Acc;
   int lane = threadIdx.x & 31;
   int64_t g = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -232,6 +234,7 @@ template <class R, class S>
 __global__ void __launch_bounds__(kReduceThreads)
     reduce_middle_kernel(R r, const S* in, int64_t K, int64_t B, int64_t sa, int64_t sk, int64_t bblocks,
                          int64_t split, int64_t chunk, typename R::Acc* partial, void* out, DType out_dtype) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   using Acc = typename R::Acc;
   __shared__ alignas(16) unsigned char smem[kReduceThreads * sizeof(Acc)];
   Acc* sh = reinterpret_cast<Acc*>(smem);
@@ -272,6 +275,7 @@ template <class R, class S>
 __global__ void __launch_bounds__(kReduceThreads)
     reduce_middle_vec4_kernel(R r, const S* in, int64_t K, int64_t B, int64_t sa, int64_t sk, int64_t bblocks,
                               int64_t split, int64_t chunk, typename R::Acc* partial, void* out, DType out_dtype) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   using Acc = typename R::Acc;
   __shared__ Acc sh[4][kReduceThreads];
   const int64_t B4 = B / 4;
@@ -321,6 +325,7 @@ __global__ void __launch_bounds__(kReduceThreads)
 template <class R>
 __global__ void __launch_bounds__(kReduceThreads)
     reduce_finalize_kernel(R r, const typename R::Acc* partial, int64_t M, int64_t split, void* out, DType out_dtype) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   using Acc = typename R::Acc;
   int lane = threadIdx.x & 31;
   int64_t o = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -391,8 +396,9 @@ void run_reduce(const R& r, const ReducePlan& p) {
     split = ceil_div(p.K, chunk);
     make_partials();
     int64_t blocks = ceil_div(p.M * split, kWarpsPerBlock);
-    reduce_inner_kernel<R, S><<<static_cast<unsigned>(blocks), kReduceThreads, 0, p.stream>>>(
-        r, in, p.M, p.K, p.row_stride, split, chunk, partial, p.out, p.out_dtype);
+    launch_dependent(reduce_inner_kernel<R, S>,
+                     LaunchShape{dim3(static_cast<unsigned>(blocks)), dim3(kReduceThreads), 0, p.stream, p.device}, r,
+                     in, p.M, p.K, p.row_stride, split, chunk, partial, p.out, p.out_dtype);
     TG_CUDA_CHECK_LAUNCH();
   } else if (sizeof(S) <= 4 && p.B % 4 == 0 && p.sa % 4 == 0 && p.sk % 4 == 0 &&
              reinterpret_cast<uintptr_t>(in) % (4 * sizeof(S)) == 0) {
@@ -411,8 +417,8 @@ void run_reduce(const R& r, const ReducePlan& p) {
     split = ceil_div(p.K, chunk);
     make_partials();
     dim3 grid(static_cast<unsigned>(base), static_cast<unsigned>(split));
-    reduce_middle_vec4_kernel<R, S><<<grid, dim3(bx, by), 0, p.stream>>>(r, in, p.K, p.B, p.sa, p.sk, bblocks, split,
-                                                                         chunk, partial, p.out, p.out_dtype);
+    launch_dependent(reduce_middle_vec4_kernel<R, S>, LaunchShape{dim3(grid), dim3(bx, by), 0, p.stream, p.device}, r,
+                     in, p.K, p.B, p.sa, p.sk, bblocks, split, chunk, partial, p.out, p.out_dtype);
     TG_CUDA_CHECK_LAUNCH();
   } else {
     int bx = 1;
@@ -427,14 +433,15 @@ void run_reduce(const R& r, const ReducePlan& p) {
     split = ceil_div(p.K, chunk);
     make_partials();
     dim3 grid(static_cast<unsigned>(base), static_cast<unsigned>(split));
-    reduce_middle_kernel<R, S><<<grid, dim3(bx, by), 0, p.stream>>>(r, in, p.K, p.B, p.sa, p.sk, bblocks, split, chunk,
-                                                                    partial, p.out, p.out_dtype);
+    launch_dependent(reduce_middle_kernel<R, S>, LaunchShape{dim3(grid), dim3(bx, by), 0, p.stream, p.device}, r, in,
+                     p.K, p.B, p.sa, p.sk, bblocks, split, chunk, partial, p.out, p.out_dtype);
     TG_CUDA_CHECK_LAUNCH();
   }
   if (split > 1) {
     int64_t blocks = ceil_div(p.M, kWarpsPerBlock);
-    reduce_finalize_kernel<R><<<static_cast<unsigned>(blocks), kReduceThreads, 0, p.stream>>>(r, partial, p.M, split,
-                                                                                              p.out, p.out_dtype);
+    launch_dependent(reduce_finalize_kernel<R>,
+                     LaunchShape{dim3(static_cast<unsigned>(blocks)), dim3(kReduceThreads), 0, p.stream, p.device}, r,
+                     partial, p.M, split, p.out, p.out_dtype);
     TG_CUDA_CHECK_LAUNCH();
   }
   // ws returns to the stream-ordered cache here; later work on this stream runs after the kernels.

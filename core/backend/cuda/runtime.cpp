@@ -82,9 +82,9 @@ std::atomic<int> g_dependent_launch{-1};  // -1: TG_DEPENDENT_LAUNCH not read ye
 bool dependent_launch(int device) {
   int on = g_dependent_launch.load(std::memory_order_relaxed);
   if (on < 0) {
-    // Off unless TG_DEPENDENT_LAUNCH=1 until it has run on the GPU (benchmarks/NOTES.md).
+    // On unless TG_DEPENDENT_LAUNCH=0 (benchmarks/NOTES.md, "programmatic dependent launch").
     const char* v = std::getenv("TG_DEPENDENT_LAUNCH");
-    on = v && std::strcmp(v, "1") == 0 ? 1 : 0;
+    on = v && std::strcmp(v, "0") == 0 ? 0 : 1;
     int expected = -1;
     if (!g_dependent_launch.compare_exchange_strong(expected, on)) on = expected;
   }

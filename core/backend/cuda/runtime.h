@@ -61,8 +61,8 @@ cudaStream_t current_stream_handle(int device);
 cudaStream_t current_stream_noflush(int device);
 
 // Whether kernels launched through launch_dependent (dependent_launch.cuh) may overlap the
-// previous kernel's tail on `device`: sm_90+, and TG_DEPENDENT_LAUNCH=1 in the environment or
-// set_dependent_launch(true) (off by default until validated on the GPU; an A/B switch for
+// previous kernel's tail on `device`: sm_90+, unless TG_DEPENDENT_LAUNCH=0 in the environment or
+// set_dependent_launch(false) (on by default; an A/B switch for
 // benchmarks and tests: set it between steps).
 bool dependent_launch(int device);
 bool dependent_launch_setting();

@@ -282,6 +282,7 @@ __device__ __forceinline__ const T* thread_ms_row(const T* r, int64_t cols, int 
 
 template <class T, int V, bool kWarpRow, bool kLog, bool kStage = false>
 __global__ void softmax_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t cols) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   using A = acc_t<T>;
   int64_t row;
   int tid, nt;
@@ -326,6 +327,7 @@ __device__ __forceinline__ void map_row2(const T* a, const T* b, T* out, int64_t
 template <class T, int V, bool kWarpRow, bool kLog>
 __global__ void softmax_bwd_kernel(const T* __restrict__ g, const T* __restrict__ y, T* __restrict__ gi, int64_t rows,
                                    int64_t cols) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   using A = acc_t<T>;
   int64_t row;
   int tid, nt;
@@ -462,6 +464,7 @@ template <class T, int V, bool kWarpRow, bool kGrad, bool kStage = false>
 __global__ void ce_fwd_kernel(const T* __restrict__ x, CeParams<acc_t<T>> p, acc_t<T>* loss, acc_t<T>* lse_out,
                               acc_t<T>* wt_out, T* __restrict__ gx, const acc_t<T>* denom, int64_t rows,
                               int64_t cols) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   using A = acc_t<T>;
   int64_t row;
   int tid, nt;
@@ -495,6 +498,7 @@ template <class T, int V, bool kWarpRow>
 __global__ void ce_bwd_kernel(const T* __restrict__ x, CeParams<acc_t<T>> p, const acc_t<T>* lse,
                               const acc_t<T>* grad, bool per_row, const acc_t<T>* denom, T* __restrict__ gx,
                               int64_t rows, int64_t cols) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   using A = acc_t<T>;
   int64_t row;
   int tid, nt;
@@ -661,7 +665,7 @@ void launch_staged(K kernel, int64_t rows, int64_t cols, int device, Args... arg
   const dim3 block(std::min(row_threads(cols, V), kStageThreads));
   const dim3 grid(static_cast<unsigned>(rows));
   const auto smem = static_cast<size_t>(cols * static_cast<int64_t>(sizeof(T)));
-  kernel<<<grid, block, smem, detail::current_stream_handle(device)>>>(args...);
+  launch_dependent(kernel, LaunchShape{grid, block, smem, detail::current_stream_handle(device), device}, args...);
   TG_CUDA_CHECK_LAUNCH();
 }
 
@@ -699,9 +703,9 @@ void softmax(const Tensor& out, const Tensor& in, bool log) {
       constexpr int V = decltype(v)::value;
       constexpr bool W = decltype(warp)::value;
       if (log)
-        softmax_fwd_kernel<T, V, W, true><<<grid, block, 0, st>>>(x, y, rows, cols);
+        launch_dependent(softmax_fwd_kernel<T, V, W, true>, LaunchShape{grid, block, 0, st, device}, x, y, rows, cols);
       else
-        softmax_fwd_kernel<T, V, W, false><<<grid, block, 0, st>>>(x, y, rows, cols);
+        launch_dependent(softmax_fwd_kernel<T, V, W, false>, LaunchShape{grid, block, 0, st, device}, x, y, rows, cols);
     });
   });
 }
@@ -720,9 +724,11 @@ void softmax_backward(const Tensor& grad_in, const Tensor& grad, const Tensor& o
       constexpr int V = decltype(v)::value;
       constexpr bool W = decltype(warp)::value;
       if (log)
-        softmax_bwd_kernel<T, V, W, true><<<grid, block, 0, st>>>(g, y, gi, rows, cols);
+        launch_dependent(softmax_bwd_kernel<T, V, W, true>, LaunchShape{grid, block, 0, st, device}, g, y, gi, rows,
+                         cols);
       else
-        softmax_bwd_kernel<T, V, W, false><<<grid, block, 0, st>>>(g, y, gi, rows, cols);
+        launch_dependent(softmax_bwd_kernel<T, V, W, false>, LaunchShape{grid, block, 0, st, device}, g, y, gi, rows,
+                         cols);
     });
   });
 }
@@ -752,9 +758,11 @@ void cross_entropy(const CeArgs& a, const Tensor& loss, const Tensor& lse, const
       constexpr int V = decltype(v)::value;
       constexpr bool W = decltype(warp)::value;
       if (gx)
-        ce_fwd_kernel<T, V, W, true><<<grid, block, 0, st>>>(x, p, l, ls, w, gx, dn, rows, cols);
+        launch_dependent(ce_fwd_kernel<T, V, W, true>, LaunchShape{grid, block, 0, st, device}, x, p, l, ls, w, gx, dn,
+                         rows, cols);
       else
-        ce_fwd_kernel<T, V, W, false><<<grid, block, 0, st>>>(x, p, l, ls, w, gx, dn, rows, cols);
+        launch_dependent(ce_fwd_kernel<T, V, W, false>, LaunchShape{grid, block, 0, st, device}, x, p, l, ls, w, gx, dn,
+                         rows, cols);
     });
   });
 }
@@ -801,7 +809,8 @@ void cross_entropy_backward(const CeArgs& a, const Tensor& grad_logits, const Te
     launch_rows<T>(rows, cols, vec, device, [&](auto v, auto warp, dim3 grid, dim3 block, cudaStream_t st) {
       constexpr int V = decltype(v)::value;
       constexpr bool W = decltype(warp)::value;
-      ce_bwd_kernel<T, V, W><<<grid, block, 0, st>>>(x, p, ls, g, per_row, dn, gx, rows, cols);
+      launch_dependent(ce_bwd_kernel<T, V, W>, LaunchShape{grid, block, 0, st, device}, x, p, ls, g, per_row, dn, gx,
+                       rows, cols);
     });
   });
 }
