@@ -1,5 +1,6 @@
 // Binary elementwise ops (arithmetic and the fused backward helpers) on CUDA.
 #include <tapegrad/core/backend/cuda/elementwise_ops.cuh>
+#include <tapegrad/core/backend/cuda/kernels.cuh>
 
 namespace tg::cuda::kern {
 
@@ -36,6 +37,8 @@ void launch_widening(const ElementwiseIter& it, const char* name, const F& f) {
 }  // namespace
 
 bool elementwise_binary(ElemOp op, const ElementwiseIter& it) {
+  // A residual add may wait for the norm after it (normalization.cu, kernels.cuh).
+  if (op == ElemOp::Add && defer_residual_add(it)) return true;
   const char* name = backend::elem_op_name(op);
   DType dt = it.dtypes[0];
   switch (op) {

@@ -39,6 +39,16 @@ bool cross_entropy_reduced(const backend::Backend::CrossEntropyArgs& args, bool 
 // Both return whether they wrote the twin (y_low / grad_x_low) too.
 bool norm_forward(const backend::NormArgs& a);  // normalization.cu
 bool norm_backward(const backend::NormBackwardArgs& a);
+// A residual add (float32 out, one float32 operand and one float16 / bfloat16, alpha 1, dense,
+// larger than the launch queue's own launches) called from outside every CUDA op waits in the
+// launch queue as a deferred call, so that a layer_norm / rms_norm of its result called next
+// computes the sum as it reads its rows and writes it beside its own outputs: one pass instead of
+// the add's and the norm's reads of the sum (a pre-norm transformer's ln(x + f(x))). Returns false
+// (nothing done: the caller adds) where it does not apply. set_norm_residual_fusion(false) turns
+// it off (A/B; default on, TG_NORM_RESIDUAL_FUSION=0); norm_residual_fusions() counts fused pairs.
+bool defer_residual_add(const backend::ElementwiseIter& it);
+void set_norm_residual_fusion(bool on);
+int64_t norm_residual_fusions();
 void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset);
 void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx,
                         bool deterministic);  // embedding.cu

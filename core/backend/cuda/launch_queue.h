@@ -24,7 +24,8 @@
 // A deferred call is a library call (a cuBLASLt matmul, blas.cpp) that waits in the same queue, in
 // order with the launches, so that the op after it may still amend it before it is enqueued: a
 // linear's gemm takes a following GELU (half types) or ReLU (float32) as its epilogue
-// (Backend::fuse_into_deferred_gemm). Whoever
+// (Backend::fuse_into_deferred_gemm), and a residual add the norm after it (normalization.cu's
+// DeferredAdd). Whoever
 // defers a call has already flushed what came before (it took the stream handle).
 #pragma once
 #include <cuda_runtime_api.h>

@@ -414,19 +414,25 @@ bool try_vec(const Geometry<1 + sizeof...(In)>& g, const F& f, const LaunchTarge
   return true;
 }
 
-// Runs `f` over the iter: Out is the output's device type, In the inputs'.
+// Runs `f` over the iter on `t`: Out is the output's device type, In the inputs'.
 template <class Out, class... In, class F>
-void launch(const ElementwiseIter& it, const F& f) {
+void launch_on(const ElementwiseIter& it, const F& f, const LaunchTarget& t) {
   constexpr int N = 1 + sizeof...(In);
   if (it.numel == 0) return;
   const int sizes[N] = {static_cast<int>(sizeof(Out)), static_cast<int>(sizeof(In))...};
   Geometry<N> g = make_geometry<N>(it, sizes);
-  const int device = it.device.index();
-  const bool defer = it.numel <= kDeferMaxNumel && detail::tls_defer_allowed;
-  const LaunchTarget t{defer ? detail::current_stream_noflush(device) : detail::current_stream_handle(device), device,
-                       defer};
   if (try_vec<Out, In...>(g, f, t)) return;
   launch_strided<Out, In...>(g, f, t);
+}
+// The same on the device's current stream (small launches may wait in the launch queue).
+template <class Out, class... In, class F>
+void launch(const ElementwiseIter& it, const F& f) {
+  if (it.numel == 0) return;
+  const int device = it.device.index();
+  const bool defer = it.numel <= kDeferMaxNumel && detail::tls_defer_allowed;
+  launch_on<Out, In...>(
+      it, f,
+      LaunchTarget{defer ? detail::current_stream_noflush(device) : detail::current_stream_handle(device), device, defer});
 }
 
 // ---- dtype dispatch helpers for the op files

@@ -13,10 +13,18 @@
 // from a column-parallel kernel over row chunks (reading x and dy once more).
 // Dropout: one thread per Philox block (4 elements), the mask recomputed, never stored.
 #include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string_view>
 #include <type_traits>
 
 #include <tapegrad/core/philox.h>
+#include <tapegrad/core/backend/cuda/elementwise_ops.cuh>
 #include <tapegrad/core/backend/cuda/kernels.cuh>
+#include <tapegrad/core/backend/cuda/launch_queue.h>
 #include <tapegrad/core/backend/cuda/loops.cuh>
 #include <tapegrad/core/backend/cuda/reduce.cuh>
 
@@ -88,11 +96,16 @@ __device__ __forceinline__ A add_rn(A a, A b) {
 
 // One row per group (G32: a warp, for rows of <= 64 vectors; else the block); K vectors of V
 // elements per thread. L != T: also writes y's cast to L into ylow (NormArgs::y_low, a twin).
-template <class T, int V, int K, bool G32, class L = T>
+// R not void: the row is x + res (R: the residual add's other operand, read as it is), written to
+// xsum as it is read (the add the norm absorbed: DeferredAdd below).
+template <class T, int V, int K, bool G32, class L = T, class R = void>
 __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                                 T* __restrict__ y, nacc_t<T>* __restrict__ mean_out, nacc_t<T>* __restrict__ rstd_out,
-                                int64_t rows, int cols, nacc_t<T> eps, bool rms, L* __restrict__ ylow) {
+                                int64_t rows, int cols, nacc_t<T> eps, bool rms, L* __restrict__ ylow,
+                                const R* __restrict__ res, T* __restrict__ xsum) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   constexpr bool kTwin = !std::is_same_v<L, T>;
+  constexpr bool kRes = !std::is_void_v<R>;
   using A = nacc_t<T>;
   using P = NPack<T, V>;
   __shared__ A red[2 * 32];      // group_sums of 1 value: 2 buffers
@@ -110,11 +123,23 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_
   // H200 7% on [8192, 4096] float32 (0.209 -> 0.221 ms fwd+bwd) and bfloat16 gained nothing.
   constexpr bool PF = K == 1;
   P buf[K], nxt[K];
+  // Vector v of row r; with kRes, x + res, also stored to xsum (the same sum as the elementwise
+  // add: a float add of the operand read as float; the add's alpha is 1).
+  auto fetch = [&](int64_t r, int v) {
+    P p = reinterpret_cast<const P*>(x + r * cols)[v];
+    if constexpr (kRes) {
+      using Q = NPack<R, V>;
+      const Q q = reinterpret_cast<const Q*>(res + r * cols)[v];
+#pragma unroll
+      for (int e = 0; e < V; ++e) p.v[e] = p.v[e] + cast<T>(q.v[e]);
+      reinterpret_cast<P*>(xsum + r * cols)[v] = p;
+    }
+    return p;
+  };
   auto load = [&](P(&dst)[K], int64_t r) {
-    const P* xr = reinterpret_cast<const P*>(x + r * cols);
 #pragma unroll
     for (int k = 0; k < K; ++k)
-      if (t + k * G < nvec) dst[k] = xr[t + k * G];
+      if (t + k * G < nvec) dst[k] = fetch(r, t + k * G);
   };
   if (PF && first < rows) load(buf, first);
   for (int64_t row = first; row < rows; row += stride) {
@@ -124,7 +149,7 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_fwd_
     for (int k = 0; k < K; ++k) {
       const int v = t + k * G;
       if (v < nvec) {
-        if (!PF) buf[k] = reinterpret_cast<const P*>(x + row * cols)[v];
+        if (!PF) buf[k] = fetch(row, v);
         A xv[V];
         cast_all(buf[k].v, xv);
 #pragma unroll
@@ -219,6 +244,7 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
                                 const nacc_t<T>* __restrict__ mean, const nacc_t<T>* __restrict__ rstd,
                                 T* __restrict__ dx, const T* __restrict__ add, nacc_t<T>* __restrict__ pw,
                                 nacc_t<T>* __restrict__ pb, int64_t rows, int cols, bool rms, L* __restrict__ dxlow) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   constexpr bool kTwin = !std::is_same_v<L, T>;
   using A = nacc_t<T>;
   using P = NPack<T, V>;
@@ -408,6 +434,7 @@ __global__ void __launch_bounds__(G32 ? 32 * kWarpRowsPerBlock : 1024) norm_bwd_
 // out[c] = sum over p of part[p, c], in p order. Block (32, 32): x a column, y strides over p.
 template <class T>
 __global__ void column_sum_kernel(const nacc_t<T>* __restrict__ part, int64_t parts, int cols, T* __restrict__ out) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   using A = nacc_t<T>;
   __shared__ A s[32][33];
   const int c = blockIdx.x * 32 + threadIdx.x;
@@ -430,6 +457,7 @@ __global__ void __launch_bounds__(1024) norm_fwd_long_kernel(const T* __restrict
                                      T* __restrict__ y, nacc_t<T>* __restrict__ mean_out,
                                      nacc_t<T>* __restrict__ rstd_out, int64_t rows, int64_t cols, nacc_t<T> eps,
                                      bool rms) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   using A = nacc_t<T>;
   using P = NPack<T, V>;
   __shared__ A red[2 * 32];  // group_sums of 1 value: 2 buffers
@@ -500,6 +528,7 @@ __global__ void __launch_bounds__(1024) norm_bwd_long_kernel(const T* __restrict
                                      const nacc_t<T>* __restrict__ mean, const nacc_t<T>* __restrict__ rstd,
                                      T* __restrict__ dx, const T* __restrict__ add, int64_t rows, int64_t cols,
                                      bool rms) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   using A = nacc_t<T>;
   using P = NPack<T, V>;
   __shared__ A red[2 * 2 * 32];  // group_sums of 2 values: 2 buffers
@@ -554,6 +583,7 @@ __global__ void __launch_bounds__(1024) norm_wb_long_kernel(const T* __restrict_
                                     const nacc_t<T>* __restrict__ mean, const nacc_t<T>* __restrict__ rstd,
                                     nacc_t<T>* __restrict__ pw, nacc_t<T>* __restrict__ pb, int64_t rows, int64_t cols,
                                     int64_t rows_per_chunk) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   using A = nacc_t<T>;
   __shared__ A sw[8][33], sb[8][33];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
@@ -668,7 +698,151 @@ bool with_twin(const Tensor& low, F&& f) {
 
 }  // namespace
 
+// ---- the residual add a norm absorbs (kernels.cuh, defer_residual_add)
+namespace {
+
+std::atomic<bool> g_residual_fusion{[] {
+  const char* e = std::getenv("TG_NORM_RESIDUAL_FUSION");
+  return !(e && std::string_view(e) == "0");
+}()};
+std::atomic<int64_t> g_residual_fusions{0};
+
+// An address without Tensor::data_ptr(), which would flush the queue (and the add with it).
+void* raw_address(const Tensor& t) {
+  if (!t.defined()) return nullptr;
+  return static_cast<char*>(t.impl().storage->data()) + t.storage_offset() * static_cast<int64_t>(element_size(t.dtype()));
+}
+
+// The norm's part of a fused launch: raw pointers only (a Tensor released under the queue's lock
+// could free memory, which flushes the queue).
+struct FusedNorm {
+  const float *w = nullptr, *b = nullptr;
+  float *y = nullptr, *mean = nullptr, *rstd = nullptr;
+  void* y_low = nullptr;  // of the add's half dtype, or null
+  int64_t rows = 0;
+  int cols = 0;
+  float eps = 0;
+  bool rms = false;
+  NormPlan p{};
+};
+
+class DeferredAdd final : public detail::DeferredCall {
+ public:
+  DeferredAdd(const backend::ElementwiseIter& it, int device) : it_(it), device_(device) {
+    half_ = it.dtypes[1] == DType::Float32 ? 2 : 1;
+  }
+  void* out() const { return it_.data[0]; }
+  int64_t numel() const { return it_.numel; }
+  DType half_dtype() const { return it_.dtypes[half_]; }
+  bool fused() const { return norm_.has_value(); }
+  void fuse(const FusedNorm& n) { norm_ = n; }
+
+  void run(cudaStream_t stream) override {
+    if (norm_) {
+      if (half_dtype() == DType::BFloat16) return run_fused<__nv_bfloat16>(stream);
+      return run_fused<__half>(stream);
+    }
+    // Alone: the elementwise engine's launch for this add (elementwise_binary.cu), on `stream`.
+    const LaunchTarget t{stream, device_, false};
+    const AddF<float> f{1.0f};
+    const DType a = it_.dtypes[1], b = it_.dtypes[2];
+    if (a == DType::Float32 && b == DType::BFloat16) return launch_on<float, float, __nv_bfloat16>(it_, f, t);
+    if (a == DType::Float32 && b == DType::Float16) return launch_on<float, float, __half>(it_, f, t);
+    if (a == DType::BFloat16) return launch_on<float, __nv_bfloat16, float>(it_, f, t);
+    launch_on<float, __half, float>(it_, f, t);
+  }
+
+ private:
+  template <class R>
+  void run_fused(cudaStream_t stream) {
+    const FusedNorm& n = *norm_;
+    const auto* x = reinterpret_cast<const float*>(it_.data[3 - half_]);
+    const auto* res = reinterpret_cast<const R*>(it_.data[half_]);
+    auto* sum = reinterpret_cast<float*>(it_.data[0]);
+    with_vk<float, 4>(n.p, [&](auto vt, auto kt) {
+      constexpr int VV = decltype(vt)::value, KK = decltype(kt)::value;
+      if constexpr (VV == 4) {
+        const LaunchShape shape{dim3(static_cast<unsigned>(n.p.grid)), dim3(n.p.threads), 0, stream, device_};
+        if (n.y_low)
+          launch_dependent(norm_fwd_kernel<float, 4, KK, false, R, R>, shape, x, n.w, n.b, n.y, n.mean, n.rstd,
+                           n.rows, n.cols, n.eps, n.rms, static_cast<R*>(n.y_low), res, sum);
+        else
+          launch_dependent(norm_fwd_kernel<float, 4, KK, false, float, R>, shape, x, n.w, n.b, n.y, n.mean, n.rstd,
+                           n.rows, n.cols, n.eps, n.rms, static_cast<float*>(nullptr), res, sum);
+      }
+    });
+  }
+
+  backend::ElementwiseIter it_;
+  int device_;
+  int half_;  // which input (1 or 2) is the float16 / bfloat16 one
+  std::optional<FusedNorm> norm_;
+};
+
+bool aligned_to(const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
+
+// norm_forward's first step: whether the queue's last entry is the deferred add whose result is
+// a.x, amended to run as the fused kernel (then `a`'s outputs are written at the flush).
+bool fuse_into_deferred_add(const backend::NormArgs& a, bool* wrote_twin) {
+  if (!g_residual_fusion.load(std::memory_order_relaxed) || !detail::g_launches_pending.load(std::memory_order_acquire))
+    return false;
+  if (a.x.dtype() != kFloat32 || !a.x.is_contiguous() || a.cols > INT_MAX) return false;
+  const int device = a.x.device().index();
+  void* x = raw_address(a.x);
+  const auto* w = static_cast<const float*>(raw_address(a.weight));
+  const auto* b = static_cast<const float*>(raw_address(a.bias));
+  auto* y = static_cast<float*>(raw_address(a.y));
+  const bool aligned = aligned_to(x, 16) && aligned_to(y, 16) && aligned_to(w, 16) && aligned_to(b, 16);
+  FusedNorm n;
+  n.p = plan(a.rows, a.cols, 4, aligned, device, /*forward=*/true);
+  if (n.p.k == 0 || n.p.warp || n.p.vec != 4) return false;  // the block-mode register kernels only
+  n.w = w;
+  n.b = b;
+  n.y = y;
+  n.mean = static_cast<float*>(raw_address(a.mean));
+  n.rstd = static_cast<float*>(raw_address(a.rstd));
+  n.y_low = raw_address(a.y_low);
+  n.rows = a.rows;
+  n.cols = static_cast<int>(a.cols);
+  n.eps = static_cast<float>(a.eps);
+  n.rms = a.rms;
+  const bool amended = detail::amend_last_call(detail::current_stream_noflush(device), device, [&](detail::DeferredCall& c) {
+    auto* d = dynamic_cast<DeferredAdd*>(&c);
+    if (d == nullptr || d->fused() || d->out() != x || d->numel() != a.rows * a.cols) return false;
+    if (n.y_low && a.y_low.dtype() != d->half_dtype()) return false;  // a twin of the add's half dtype only
+    d->fuse(n);
+    return true;
+  });
+  if (!amended) return false;
+  g_residual_fusions.fetch_add(1, std::memory_order_relaxed);
+  *wrote_twin = n.y_low != nullptr;
+  return true;
+}
+
+}  // namespace
+
+void set_norm_residual_fusion(bool on) { g_residual_fusion.store(on, std::memory_order_relaxed); }
+int64_t norm_residual_fusions() { return g_residual_fusions.load(std::memory_order_relaxed); }
+
+bool defer_residual_add(const backend::ElementwiseIter& it) {
+  if (!g_residual_fusion.load(std::memory_order_relaxed) || !detail::tls_defer_allowed || !it.contiguous ||
+      it.noperands != 3 || it.numel <= kDeferMaxNumel || it.numel % 4 != 0 || it.dparams[0] != 1.0 ||
+      it.dtypes[0] != DType::Float32)
+    return false;
+  const DType a = it.dtypes[1], b = it.dtypes[2];
+  const bool half_b = a == DType::Float32 && (b == DType::BFloat16 || b == DType::Float16);
+  const bool half_a = b == DType::Float32 && (a == DType::BFloat16 || a == DType::Float16);
+  if (!half_a && !half_b) return false;
+  const int h = half_b ? 2 : 1;
+  if (!aligned_to(it.data[0], 16) || !aligned_to(it.data[3 - h], 16) || !aligned_to(it.data[h], 8)) return false;
+  const int device = it.device.index() < 0 ? 0 : it.device.index();
+  const cudaStream_t stream = detail::current_stream_handle(device);  // what came before goes first
+  std::unique_ptr<detail::DeferredCall> call = std::make_unique<DeferredAdd>(it, device);
+  return detail::defer_call(call, stream, device);
+}
+
 bool norm_forward(const backend::NormArgs& a) {
+  if (bool twin = false; fuse_into_deferred_add(a, &twin)) return twin;
   const int device = a.x.device().index();
   cudaStream_t stream = detail::current_stream_handle(device);
   const char* op = a.rms ? "rms_norm" : "layer_norm";
@@ -688,11 +862,11 @@ bool norm_forward(const backend::NormArgs& a) {
     if (p.k == 0) {
       const auto grid = static_cast<unsigned>(p.grid);
       if (p.vec == V)
-        norm_fwd_long_kernel<T, V>
-            <<<grid, p.threads, 0, stream>>>(x, w, b, y, mean, rstd, a.rows, a.cols, static_cast<A>(a.eps), a.rms);
+        launch_dependent(norm_fwd_long_kernel<T, V>, LaunchShape{dim3(grid), dim3(p.threads), 0, stream, device}, x, w,
+                         b, y, mean, rstd, a.rows, a.cols, static_cast<A>(a.eps), a.rms);
       else
-        norm_fwd_long_kernel<T, 1>
-            <<<grid, p.threads, 0, stream>>>(x, w, b, y, mean, rstd, a.rows, a.cols, static_cast<A>(a.eps), a.rms);
+        launch_dependent(norm_fwd_long_kernel<T, 1>, LaunchShape{dim3(grid), dim3(p.threads), 0, stream, device}, x, w,
+                         b, y, mean, rstd, a.rows, a.cols, static_cast<A>(a.eps), a.rms);
       TG_CUDA_CHECK_LAUNCH();
       return;  // no twin from the long-row kernels
     }
@@ -703,20 +877,23 @@ bool norm_forward(const backend::NormArgs& a) {
         if (!p.warp) {
           wrote = with_twin(a.y_low, [&](auto ltag) {
             using L = decltype(ltag);
-            norm_fwd_kernel<T, VV, KK, false, L><<<grid, p.threads, 0, stream>>>(
-                x, w, b, y, mean, rstd, a.rows, static_cast<int>(a.cols), static_cast<A>(a.eps), a.rms,
-                static_cast<L*>(a.y_low.data_ptr()));
+            launch_dependent(norm_fwd_kernel<T, VV, KK, false, L>,
+                             LaunchShape{dim3(grid), dim3(p.threads), 0, stream, device}, x, w, b, y, mean, rstd,
+                             a.rows, static_cast<int>(a.cols), static_cast<A>(a.eps), a.rms,
+                             static_cast<L*>(a.y_low.data_ptr()), nullptr, nullptr);
             TG_CUDA_CHECK_LAUNCH();
           });
           if (wrote) return;
         }
       }
       if (p.warp)
-        norm_fwd_kernel<T, VV, KK, true><<<grid, p.threads, 0, stream>>>(
-            x, w, b, y, mean, rstd, a.rows, static_cast<int>(a.cols), static_cast<A>(a.eps), a.rms, static_cast<T*>(nullptr));
+        launch_dependent(norm_fwd_kernel<T, VV, KK, true>, LaunchShape{dim3(grid), dim3(p.threads), 0, stream, device},
+                         x, w, b, y, mean, rstd, a.rows, static_cast<int>(a.cols), static_cast<A>(a.eps), a.rms,
+                         static_cast<T*>(nullptr), nullptr, nullptr);
       else
-        norm_fwd_kernel<T, VV, KK, false><<<grid, p.threads, 0, stream>>>(
-            x, w, b, y, mean, rstd, a.rows, static_cast<int>(a.cols), static_cast<A>(a.eps), a.rms, static_cast<T*>(nullptr));
+        launch_dependent(norm_fwd_kernel<T, VV, KK, false>, LaunchShape{dim3(grid), dim3(p.threads), 0, stream, device},
+                         x, w, b, y, mean, rstd, a.rows, static_cast<int>(a.cols), static_cast<A>(a.eps), a.rms,
+                         static_cast<T*>(nullptr), nullptr, nullptr);
       TG_CUDA_CHECK_LAUNCH();
     });
   });
@@ -771,16 +948,17 @@ bool norm_backward(const backend::NormBackwardArgs& a) {
       if (dx) {
         const auto blocks = static_cast<unsigned>(grid);
         if (p.vec == V)
-          norm_bwd_long_kernel<T, V><<<blocks, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, add, a.rows, a.cols,
-                                                                          a.rms);
+          launch_dependent(norm_bwd_long_kernel<T, V>, LaunchShape{dim3(blocks), dim3(p.threads), 0, stream, device}, g,
+                           x, w, mean, rstd, dx, add, a.rows, a.cols, a.rms);
         else
-          norm_bwd_long_kernel<T, 1><<<blocks, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, add, a.rows, a.cols,
-                                                                          a.rms);
+          launch_dependent(norm_bwd_long_kernel<T, 1>, LaunchShape{dim3(blocks), dim3(p.threads), 0, stream, device}, g,
+                           x, w, mean, rstd, dx, add, a.rows, a.cols, a.rms);
         TG_CUDA_CHECK_LAUNCH();
       }
       if (want_w || want_b) {
         const dim3 wgrid(static_cast<unsigned>((a.cols + 31) / 32), static_cast<unsigned>(parts)), block(32, 8);
-        norm_wb_long_kernel<T><<<wgrid, block, 0, stream>>>(g, x, mean, rstd, pw, pb, a.rows, a.cols, chunk_rows);
+        launch_dependent(norm_wb_long_kernel<T>, LaunchShape{dim3(wgrid), dim3(block), 0, stream, device}, g, x, mean,
+                         rstd, pw, pb, a.rows, a.cols, chunk_rows);
         TG_CUDA_CHECK_LAUNCH();
       }
     } else {
@@ -792,17 +970,17 @@ bool norm_backward(const backend::NormBackwardArgs& a) {
           if (smem > 48 * 1024)
             TG_CUDA_CHECK(
                 cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-          kern<<<blocks, p.threads, smem, stream>>>(g, x, w, mean, rstd, dx, add, pw, pb, a.rows,
-                                                    static_cast<int>(a.cols), a.rms, static_cast<T*>(nullptr));
+          launch_dependent(kern, LaunchShape{dim3(blocks), dim3(p.threads), smem, stream, device}, g, x, w, mean, rstd,
+                           dx, add, pw, pb, a.rows, static_cast<int>(a.cols), a.rms, static_cast<T*>(nullptr));
         } else {
           if constexpr (std::is_same_v<T, float> && VV == V) {
             if (dx) {
               wrote = with_twin(a.grad_x_low, [&](auto ltag) {
                 using L = decltype(ltag);
                 auto tk = add ? norm_bwd_kernel<T, VV, KK, false, true, L> : norm_bwd_kernel<T, VV, KK, false, false, L>;
-                tk<<<blocks, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, add, pw, pb, a.rows,
-                                                     static_cast<int>(a.cols), a.rms,
-                                                     static_cast<L*>(a.grad_x_low.data_ptr()));
+                launch_dependent(tk, LaunchShape{dim3(blocks), dim3(p.threads), 0, stream, device}, g, x, w, mean, rstd,
+                                 dx, add, pw, pb, a.rows, static_cast<int>(a.cols), a.rms,
+                                 static_cast<L*>(a.grad_x_low.data_ptr()));
               });
               if (wrote) {
                 TG_CUDA_CHECK_LAUNCH();
@@ -811,21 +989,21 @@ bool norm_backward(const backend::NormBackwardArgs& a) {
             }
           }
           auto kern = add ? norm_bwd_kernel<T, VV, KK, false, true> : norm_bwd_kernel<T, VV, KK, false, false>;
-          kern<<<blocks, p.threads, 0, stream>>>(g, x, w, mean, rstd, dx, add, pw, pb, a.rows,
-                                                 static_cast<int>(a.cols), a.rms, static_cast<T*>(nullptr));
+          launch_dependent(kern, LaunchShape{dim3(blocks), dim3(p.threads), 0, stream, device}, g, x, w, mean, rstd, dx,
+                           add, pw, pb, a.rows, static_cast<int>(a.cols), a.rms, static_cast<T*>(nullptr));
         }
         TG_CUDA_CHECK_LAUNCH();
       });
     }
     const dim3 rblock(32, 32), rgrid(static_cast<unsigned>((a.cols + 31) / 32));
     if (want_w) {
-      column_sum_kernel<T><<<rgrid, rblock, 0, stream>>>(pw, parts, static_cast<int>(a.cols),
-                                                         static_cast<T*>(a.grad_weight.data_ptr()));
+      launch_dependent(column_sum_kernel<T>, LaunchShape{dim3(rgrid), dim3(rblock), 0, stream, device}, pw, parts,
+                       static_cast<int>(a.cols), static_cast<T*>(a.grad_weight.data_ptr()));
       TG_CUDA_CHECK_LAUNCH();
     }
     if (want_b) {
-      column_sum_kernel<T>
-          <<<rgrid, rblock, 0, stream>>>(pb, parts, static_cast<int>(a.cols), static_cast<T*>(a.grad_bias.data_ptr()));
+      launch_dependent(column_sum_kernel<T>, LaunchShape{dim3(rgrid), dim3(rblock), 0, stream, device}, pb, parts,
+                       static_cast<int>(a.cols), static_cast<T*>(a.grad_bias.data_ptr()));
       TG_CUDA_CHECK_LAUNCH();
     }
   });
@@ -839,6 +1017,7 @@ namespace {
 template <class T, bool VEC>
 __global__ void dropout_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t n, float p, double scale,
                                uint64_t seed, uint64_t offset) {
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   using A = opmath_t<T>;
   using P = NPack<T, 4>;
   const A s = static_cast<A>(scale);
@@ -878,9 +1057,11 @@ void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_
     const bool vec = reinterpret_cast<uintptr_t>(xp) % sizeof(NPack<T, 4>) == 0 &&
                      reinterpret_cast<uintptr_t>(op) % sizeof(NPack<T, 4>) == 0;
     if (vec)
-      dropout_kernel<T, true><<<grid, 256, 0, stream>>>(xp, op, n, static_cast<float>(p), scale, seed, offset);
+      launch_dependent(dropout_kernel<T, true>, LaunchShape{dim3(grid), dim3(256), 0, stream, device}, xp, op, n,
+                       static_cast<float>(p), scale, seed, offset);
     else
-      dropout_kernel<T, false><<<grid, 256, 0, stream>>>(xp, op, n, static_cast<float>(p), scale, seed, offset);
+      launch_dependent(dropout_kernel<T, false>, LaunchShape{dim3(grid), dim3(256), 0, stream, device}, xp, op, n,
+                       static_cast<float>(p), scale, seed, offset);
     TG_CUDA_CHECK_LAUNCH();
   });
 }
