@@ -637,9 +637,7 @@ Tensor fuse_into_deferred_gemm(backend::ElemOp op, const Tensor& a) {
     return Tensor();
   const int device = a.device().index() >= 0 ? a.device().index() : resolve(-1);
   const cudaStream_t stream = current_stream_noflush(device);
-  // a's address without data_ptr(), which would flush the gemm this is about.
-  void* a_ptr = static_cast<char*>(a.impl().storage->data()) +
-                a.storage_offset() * static_cast<int64_t>(element_size(a.dtype()));
+  void* a_ptr = address_noflush(a);  // data_ptr() would flush the gemm this is about
   auto is_result = [&](const DeferredGemm& d) {
     const backend::GemmArgs& g = d.g;
     return g.c == a_ptr && g.m * g.n == a.numel() && g.dtype == a.dtype() && g.ldc == g.n &&
@@ -661,8 +659,7 @@ Tensor fuse_into_deferred_gemm(backend::ElemOp op, const Tensor& a) {
   fused.epilogue = relu ? (bias ? backend::GemmEpilogue::BiasRelu : backend::GemmEpilogue::Relu)
                         : (bias ? backend::GemmEpilogue::BiasGeluTanh : backend::GemmEpilogue::GeluTanh);
   fused.epilogue_aux = seen.c;
-  fused.c = static_cast<char*>(out.impl().storage->data()) +
-            out.storage_offset() * static_cast<int64_t>(element_size(out.dtype()));
+  fused.c = address_noflush(out);
   DeviceGuard guard(device);
   const LtPlan* plan = nullptr;
   if (relu) {

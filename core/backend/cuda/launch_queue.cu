@@ -10,8 +10,15 @@
 
 #include <tapegrad/core/backend/cuda/runtime.h>
 #include <tapegrad/core/error.h>
+#include <tapegrad/core/tensor.h>
 
 namespace tg::cuda::detail {
+
+void* address_noflush(const Tensor& t) {
+  if (!t.defined()) return nullptr;
+  return static_cast<char*>(t.impl().storage->data()) +
+         t.storage_offset() * static_cast<int64_t>(element_size(t.dtype()));
+}
 
 std::atomic<bool> g_launches_pending{false};
 

@@ -36,6 +36,10 @@
 #include <functional>
 #include <memory>
 
+namespace tg {
+class Tensor;
+}
+
 namespace tg::cuda::detail {
 
 inline constexpr int kMaxBatch = 64;          // launches per flush
@@ -96,6 +100,11 @@ class DeferredCall {
 // `call` untouched) where a launch would not be deferred: batching off, inside another CUDA op,
 // or the stream capturing; the caller then runs it now.
 bool defer_call(std::unique_ptr<DeferredCall>& call, cudaStream_t stream, int device);
+
+// A CUDA tensor's data address (storage offset applied; null when undefined) without
+// Tensor::data_ptr(), which flushes the queue: for an op that looks for its operand among the
+// queue's deferred calls before anything runs (fuse_into_deferred_gemm, a norm absorbing an add).
+void* address_noflush(const Tensor& t);
 
 // Calls amend(c) under the queue's lock when the queue's last entry is a deferred call c on
 // (stream, device), and returns what amend returned; false when there is none.

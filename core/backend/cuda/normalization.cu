@@ -707,12 +707,6 @@ std::atomic<bool> g_residual_fusion{[] {
 }()};
 std::atomic<int64_t> g_residual_fusions{0};
 
-// An address without Tensor::data_ptr(), which would flush the queue (and the add with it).
-void* raw_address(const Tensor& t) {
-  if (!t.defined()) return nullptr;
-  return static_cast<char*>(t.impl().storage->data()) + t.storage_offset() * static_cast<int64_t>(element_size(t.dtype()));
-}
-
 // The norm's part of a fused launch: raw pointers only (a Tensor released under the queue's lock
 // could free memory, which flushes the queue).
 struct FusedNorm {
@@ -779,8 +773,6 @@ class DeferredAdd final : public detail::DeferredCall {
   std::optional<FusedNorm> norm_;
 };
 
-bool aligned_to(const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
-
 // norm_forward's first step: whether the queue's last entry is the deferred add whose result is
 // a.x, amended to run as the fused kernel (then `a`'s outputs are written at the flush).
 bool fuse_into_deferred_add(const backend::NormArgs& a, bool* wrote_twin) {
@@ -788,20 +780,20 @@ bool fuse_into_deferred_add(const backend::NormArgs& a, bool* wrote_twin) {
     return false;
   if (a.x.dtype() != kFloat32 || !a.x.is_contiguous() || a.cols > INT_MAX) return false;
   const int device = a.x.device().index();
-  void* x = raw_address(a.x);
-  const auto* w = static_cast<const float*>(raw_address(a.weight));
-  const auto* b = static_cast<const float*>(raw_address(a.bias));
-  auto* y = static_cast<float*>(raw_address(a.y));
-  const bool aligned = aligned_to(x, 16) && aligned_to(y, 16) && aligned_to(w, 16) && aligned_to(b, 16);
+  void* x = detail::address_noflush(a.x);
+  const auto* w = static_cast<const float*>(detail::address_noflush(a.weight));
+  const auto* b = static_cast<const float*>(detail::address_noflush(a.bias));
+  auto* y = static_cast<float*>(detail::address_noflush(a.y));
+  const bool aligned = aligned16(x) && aligned16(y) && (!w || aligned16(w)) && (!b || aligned16(b));
   FusedNorm n;
   n.p = plan(a.rows, a.cols, 4, aligned, device, /*forward=*/true);
   if (n.p.k == 0 || n.p.warp || n.p.vec != 4) return false;  // the block-mode register kernels only
   n.w = w;
   n.b = b;
   n.y = y;
-  n.mean = static_cast<float*>(raw_address(a.mean));
-  n.rstd = static_cast<float*>(raw_address(a.rstd));
-  n.y_low = raw_address(a.y_low);
+  n.mean = static_cast<float*>(detail::address_noflush(a.mean));
+  n.rstd = static_cast<float*>(detail::address_noflush(a.rstd));
+  n.y_low = detail::address_noflush(a.y_low);
   n.rows = a.rows;
   n.cols = static_cast<int>(a.cols);
   n.eps = static_cast<float>(a.eps);
@@ -834,7 +826,8 @@ bool defer_residual_add(const backend::ElementwiseIter& it) {
   const bool half_a = b == DType::Float32 && (a == DType::BFloat16 || a == DType::Float16);
   if (!half_a && !half_b) return false;
   const int h = half_b ? 2 : 1;
-  if (!aligned_to(it.data[0], 16) || !aligned_to(it.data[3 - h], 16) || !aligned_to(it.data[h], 8)) return false;
+  if (!aligned16(it.data[0]) || !aligned16(it.data[3 - h]) || reinterpret_cast<uintptr_t>(it.data[h]) % 8 != 0)
+    return false;
   const int device = it.device.index() < 0 ? 0 : it.device.index();
   const cudaStream_t stream = detail::current_stream_handle(device);  // what came before goes first
   std::unique_ptr<detail::DeferredCall> call = std::make_unique<DeferredAdd>(it, device);
