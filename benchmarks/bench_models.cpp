@@ -6,6 +6,8 @@
 // --cublas-benchmark: the same with cuBLASLt's algorithms timed per GEMM problem.
 // --no-small-gemm: float32 GEMMs to cuBLAS instead of small_gemm.cu (A/B).
 // --no-gemm-relu: the ReLUs as their own kernels, not in the linears' gemm epilogues (A/B).
+// TG_GEMM_GROUPING=0 in the environment: each linear's input and weight gradient gemms as two
+// launches, not one (A/B).
 // --host-phases: also prints the eager step's host time per part (loader, zero_grad, forward,
 // loss, backward, step), mean us over the timed epochs: where an eager step that outruns the GPU
 // spends its time.

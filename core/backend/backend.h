@@ -194,9 +194,11 @@ struct GemmArgs {
   void* epilogue_aux = nullptr;  // GeluTanh / BiasGeluTanh: where A @ B (+ bias) goes
   // The caller allows the gemm to wait for the next op (a linear's result, which an activation
   // may then fuse into: fuse_into_deferred_gemm); CUDA defers large float16 / bfloat16 ones.
-  // operands: the tensors behind a, b and epilogue_ptr (null where none), which a deferred gemm
-  // holds until it runs, so that no allocation made meanwhile (the activation's own output
-  // included) can take their memory.
+  // operands: the tensors behind a, b and epilogue_ptr where the epilogue reads it (null where
+  // none), which a deferred gemm holds until it runs, so that no allocation made meanwhile (the
+  // activation's own output included) can take their memory. Outputs are not held (C, a bias
+  // gradient written by RowSumsA / ColSumsB): their owner frees them only after a flush, and a
+  // held output would look shared to whoever receives it (AccumulateGrad would copy it).
   bool deferrable = false;
   const Tensor* operands[3] = {nullptr, nullptr, nullptr};
 };

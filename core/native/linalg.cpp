@@ -179,6 +179,13 @@ Tensor rows_of(const Tensor& t) {
 
 // A 2-D t (or its transpose) as a gemm operand, copied to row-major when the BLAS cannot take
 // its layout as it is.
+// An operand's address for GemmArgs without Tensor::data_ptr(), which flushes the CUDA launch
+// queue: the backend orders the gemm itself (it takes the stream, or waits in the queue), and a
+// flush here would send a gemm waiting there before this one could join it (blas.cpp).
+void* address(const Tensor& t) {
+  return static_cast<char*>(t.impl().storage->data()) + t.storage_offset() * static_cast<int64_t>(t.element_size());
+}
+
 struct Operand {
   Tensor t;  // keeps a copy alive
   MatLayout lay;
@@ -200,9 +207,9 @@ backend::GemmArgs gemm_args(const Operand& a, const Operand& b, const Tensor& c,
   g.n = n;
   g.k = k;
   g.batch = 1;
-  g.a = a.t.data_ptr();
-  g.b = b.t.data_ptr();
-  g.c = c.data_ptr();
+  g.a = address(a.t);
+  g.b = address(b.t);
+  g.c = address(c);
   g.trans_a = a.lay.trans;
   g.trans_b = b.lay.trans;
   g.lda = a.lay.ld;
@@ -308,21 +315,18 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   return b.defined() ? native::add(y, b) : y;
 }
 
-Tensor linear_grad_input(const Tensor& g, const Tensor& w, DType out_dtype) { return native::matmul(g, w, out_dtype); }
-
-// GELU (tanh) on half types only: cuBLASLt's DGELU is GELU's tanh form evaluated to about 2e-4
-// relative (measured against ours on the H200), below float16 / bfloat16 rounding but not float32's.
-// ReLU on float32 (a mask: exact), where the backend's small-gemm kernel takes the problem.
-Tensor linear_grad_input_pointwise(const Tensor& g, const Tensor& w, backend::ElemOp bwd, const Tensor& x) {
-  const bool gelu = bwd == backend::ElemOp::GeluTanhBackward && is_reduced_float(g.dtype());
-  const bool relu = bwd == backend::ElemOp::ReluBackward && g.dtype() == kFloat32;
-  if ((!gelu && !relu) || w.dim() != 2 || g.dim() < 1) return Tensor();
+namespace {
+// A linear's input gradient g W as one gemm over g's rows (epilogue None, or ReluBackward /
+// GeluTanhBackward reading the activation's saved input x); undefined where the shapes do not
+// fold to rows or the backend has no such epilogue. A float32 one may wait in the backend's
+// launch queue (deferrable) so that the weight gradient's gemm, which nothing orders against it,
+// joins it in one launch (CUDA: small_gemm.cu's group launch).
+Tensor linear_grad_input_gemm(const Tensor& g, const Tensor& w, backend::GemmEpilogue epi, const Tensor& x) {
+  if (w.dim() != 2 || g.dim() < 1) return Tensor();
   const int64_t out_f = w.sizes()[0], in_f = w.sizes()[1];
   Shape out_shape = g.sizes();
   out_shape[out_shape.size() - 1] = in_f;
-  if (g.sizes()[g.dim() - 1] != out_f || x.sizes() != out_shape || x.dtype() != g.dtype() ||
-      w.dtype() != g.dtype() || x.device() != g.device() || w.device() != g.device() || !x.is_contiguous())
-    return Tensor();
+  if (g.sizes()[g.dim() - 1] != out_f || w.dtype() != g.dtype() || w.device() != g.device()) return Tensor();
   std::optional<Tensor> g2 = as_rows(g);
   if (!g2) return Tensor();
   const int64_t rows = g2->sizes()[0];
@@ -331,12 +335,40 @@ Tensor linear_grad_input_pointwise(const Tensor& g, const Tensor& w, backend::El
   if (!la || !lb || rows == 0 || out_f == 0 || in_f == 0) return Tensor();
   Tensor out = native::empty({rows, in_f}, g.dtype(), g.device());
   backend::GemmArgs args = gemm_args({*g2, *la}, {w, *lb}, out, rows, in_f, out_f);
-  args.epilogue = gelu ? backend::GemmEpilogue::GeluTanhBackward : backend::GemmEpilogue::ReluBackward;
-  args.epilogue_ptr = x.data_ptr();
+  args.epilogue = epi;
+  args.epilogue_ptr = x.defined() ? address(x) : nullptr;
+  args.deferrable = g.dtype() == kFloat32;
+  args.operands[0] = &*g2;
+  args.operands[1] = &w;
+  args.operands[2] = x.defined() ? &x : nullptr;
   backend::Backend& be = backend::get(g.device().type());
-  if (!be.gemm_fuses(args)) return Tensor();
+  if (epi != backend::GemmEpilogue::None && !be.gemm_fuses(args)) return Tensor();
   be.gemm(args);
   return native::make_view(out, out_shape, detail::contiguous_strides(out_shape), 0);
+}
+}  // namespace
+
+Tensor linear_grad_input(const Tensor& g, const Tensor& w, DType out_dtype) {
+  if (out_dtype == g.dtype() && g.dtype() == kFloat32 && g.device().is_cuda()) {
+    Tensor gx = linear_grad_input_gemm(g, w, backend::GemmEpilogue::None, Tensor());
+    if (gx.defined()) return gx;
+  }
+  return native::matmul(g, w, out_dtype);
+}
+
+// GELU (tanh) on half types only: cuBLASLt's DGELU is GELU's tanh form evaluated to about 2e-4
+// relative (measured against ours on the H200), below float16 / bfloat16 rounding but not float32's.
+// ReLU on float32 (a mask: exact), where the backend's small-gemm kernel takes the problem.
+Tensor linear_grad_input_pointwise(const Tensor& g, const Tensor& w, backend::ElemOp bwd, const Tensor& x) {
+  const bool gelu = bwd == backend::ElemOp::GeluTanhBackward && is_reduced_float(g.dtype());
+  const bool relu = bwd == backend::ElemOp::ReluBackward && g.dtype() == kFloat32;
+  if ((!gelu && !relu) || w.dim() != 2 || g.dim() < 1) return Tensor();
+  Shape out_shape = g.sizes();
+  out_shape[out_shape.size() - 1] = w.sizes()[1];
+  if (x.sizes() != out_shape || x.dtype() != g.dtype() || x.device() != g.device() || !x.is_contiguous())
+    return Tensor();
+  return linear_grad_input_gemm(g, w, gelu ? backend::GemmEpilogue::GeluTanhBackward : backend::GemmEpilogue::ReluBackward,
+                                x);
 }
 
 std::pair<Tensor, Tensor> linear_grad_weight_bias(const Tensor& g, const Tensor& x, bool need_w, bool w_col_major,
@@ -358,6 +390,11 @@ std::pair<Tensor, Tensor> linear_grad_weight_bias(const Tensor& g, const Tensor&
       Operand og = operand(g2, !w_col_major), ox = operand(x2, w_col_major);
       backend::GemmArgs args =
           w_col_major ? gemm_args(ox, og, c, in_f, out_f, rows) : gemm_args(og, ox, c, out_f, in_f, rows);
+      // float32: it may join the input gradient's gemm waiting in the launch queue (see
+      // linear_grad_input_gemm).
+      args.deferrable = w_dtype == kFloat32 && g2.dtype() == kFloat32;
+      args.operands[0] = w_col_major ? &ox.t : &og.t;
+      args.operands[1] = w_col_major ? &og.t : &ox.t;
       backend::Backend& be = backend::get(g.device().type());
       // cuBLASLt runs BGRAD as its own pass over g (about 2.2-2.9 TB/s on the H200, often after a
       // split-K reduce): it saves a launch on small gradients, but from ~1M elements the backend's
@@ -366,7 +403,7 @@ std::pair<Tensor, Tensor> linear_grad_weight_bias(const Tensor& g, const Tensor&
       if (need_b && b_dtype == w_dtype && fuse_bias_grad() && g2.numel() <= kFuseBiasGradMaxNumel) {
         gb = native::empty({out_f}, b_dtype, g.device());
         args.epilogue = w_col_major ? backend::GemmEpilogue::ColSumsB : backend::GemmEpilogue::RowSumsA;
-        args.epilogue_ptr = gb.data_ptr();
+        args.epilogue_ptr = address(gb);  // written: not an operand to hold (see GemmArgs::operands)
         if (!be.gemm_fuses(args)) {
           args.epilogue = backend::GemmEpilogue::None;
           args.epilogue_ptr = nullptr;

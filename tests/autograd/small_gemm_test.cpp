@@ -2,7 +2,9 @@
 // fixed-order finish): matmul and linear (forward with the bias fused, backward with the bias
 // gradient fused as A's row sums or B's column sums) against a float64 host reference over
 // split and unsplit shapes, tile edges, every transpose and padded leading dimensions; the
-// same bits on every run and on a CUDA graph's replays; and the cuBLAS path agrees.
+// same bits on every run and on a CUDA graph's replays; and the cuBLAS path agrees. Independent
+// problems waiting in the launch queue join one launch (SmallSgemmGroup): their own values, none
+// joined where one writes what another touches, and a two-layer MLP's backward.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,7 +18,9 @@
 #include "tests/autograd/common.h"
 
 #ifdef TG_WITH_CUDA
+#include <tapegrad/core/backend/backend.h>
 #include <tapegrad/core/backend/cuda/blas.h>
+#include <tapegrad/core/backend/cuda/launch_queue.h>
 
 namespace tg::testing {
 namespace {
@@ -181,6 +185,177 @@ TEST(SmallSgemm, GraphReplaysGiveTheEagerBits) {
       graph.replay();
       side.synchronize();
       EXPECT_TRUE(same_bits(y, eager)) << "replay " << i;
+    }
+  }
+}
+
+// ---- independent gemms in one launch (blas.cpp join_deferred_gemm, small_gemm.cu's group kernel)
+
+// GemmArgs of C = op(A) op(B) over float32 tensors, deferrable, holding its operands; addresses
+// taken without flushing the launch queue (data_ptr() would send a waiting gemm first).
+backend::GemmArgs deferrable_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c) {
+  backend::GemmArgs g{};
+  g.dtype = kFloat32;
+  g.m = c.size(0);
+  g.n = c.size(1);
+  g.k = ta ? a.size(0) : a.size(1);
+  g.batch = 1;
+  g.a = cuda::detail::address_noflush(a);
+  g.b = cuda::detail::address_noflush(b);
+  g.c = cuda::detail::address_noflush(c);
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.lda = a.size(1);
+  g.ldb = b.size(1);
+  g.ldc = c.size(1);
+  g.device = c.device();
+  g.deferrable = true;
+  g.operands[0] = &a;
+  g.operands[1] = &b;
+  return g;
+}
+
+// op(A) op(B) against float64, C already computed.
+::testing::AssertionResult product_matches(const Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb) {
+  return matches_reference(c, ta ? a.t() : a, tb ? b.t() : b, 2e-6);
+}
+
+TEST(SmallSgemmGroup, IndependentGemmsJoinOneLaunchWithTheirOwnValues) {
+  TG_SKIP_WITHOUT_GPU();
+  auto opts = TensorOptions().device(Device(kCUDA));
+  backend::Backend& be = backend::get(DeviceType::CUDA);
+  tg::manual_seed(11);
+  // Five problems, every transpose pair, different shapes: the first four join (a group holds
+  // four), the fifth waits on its own.
+  struct P {
+    int64_t m, n, k;
+    bool ta, tb;
+  };
+  const std::vector<P> ps = {{128, 512, 512, false, false}, {512, 512, 128, true, false}, {128, 10, 512, false, true},
+                             {10, 512, 128, true, true},    {64, 96, 200, false, false}};
+  std::vector<Tensor> as, bs, cs;
+  for (const P& p : ps) {
+    as.push_back(p.ta ? tg::randn({p.k, p.m}, opts) : tg::randn({p.m, p.k}, opts));
+    bs.push_back(p.tb ? tg::randn({p.n, p.k}, opts) : tg::randn({p.k, p.n}, opts));
+    cs.push_back(tg::empty({p.m, p.n}, opts));
+  }
+  tg::cuda::synchronize();
+  const int64_t before = cuda::detail::gemm_groupings();
+  for (size_t i = 0; i < ps.size(); ++i) be.gemm(deferrable_gemm(as[i], ps[i].ta, bs[i], ps[i].tb, cs[i]));
+  EXPECT_EQ(cuda::detail::gemm_groupings() - before, 3) << "three joins: a group of four, then one alone";
+  for (size_t i = 0; i < ps.size(); ++i)
+    EXPECT_TRUE(product_matches(cs[i], as[i], ps[i].ta, bs[i], ps[i].tb)) << "problem " << i;
+  // The same bits on a second run, and within float32 rounding of the ungrouped launches.
+  std::vector<Tensor> again;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    again.push_back(tg::empty({ps[i].m, ps[i].n}, opts));
+    be.gemm(deferrable_gemm(as[i], ps[i].ta, bs[i], ps[i].tb, again[i]));
+  }
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(same_bits(cs[i], again[i])) << "problem " << i << " run twice";
+}
+
+TEST(SmallSgemmGroup, GemmsThatShareWrittenMemoryDoNotJoin) {
+  TG_SKIP_WITHOUT_GPU();
+  auto opts = TensorOptions().device(Device(kCUDA));
+  backend::Backend& be = backend::get(DeviceType::CUDA);
+  tg::manual_seed(12);
+  Tensor a = tg::randn({128, 256}, opts), b = tg::randn({256, 64}, opts), b2 = tg::randn({64, 32}, opts);
+  Tensor c = tg::empty({128, 64}, opts), d = tg::empty({128, 32}, opts);
+  tg::cuda::synchronize();
+  const int64_t before = cuda::detail::gemm_groupings();
+  // d = (a b) b2: the second reads what the first writes.
+  be.gemm(deferrable_gemm(a, false, b, false, c));
+  be.gemm(deferrable_gemm(c, false, b2, false, d));
+  tg::cuda::synchronize();  // (sends the waiting gemm: the next case starts with an empty queue)
+  // The second writes what the first reads: b = x^T y ([256, 64]) after c2 = a b.
+  Tensor x = tg::randn({128, 256}, opts), y = tg::randn({128, 64}, opts);
+  Tensor bcopy = b.clone(), c2 = tg::empty({128, 64}, opts), e = tg::empty({128, 64}, opts);
+  tg::cuda::synchronize();
+  be.gemm(deferrable_gemm(a, false, b, false, c2));
+  be.gemm(deferrable_gemm(x, true, y, false, b));
+  tg::cuda::synchronize();
+  // Both into the same output: the second must land last.
+  be.gemm(deferrable_gemm(a, false, bcopy, false, e));
+  be.gemm(deferrable_gemm(x, false, bcopy, false, e));
+  EXPECT_EQ(cuda::detail::gemm_groupings() - before, 0);
+  EXPECT_TRUE(product_matches(c, a, false, bcopy, false));
+  EXPECT_TRUE(product_matches(d, c, false, b2, false));
+  EXPECT_TRUE(product_matches(c2, a, false, bcopy, false)) << "read b before it was overwritten";
+  EXPECT_TRUE(product_matches(b, x, true, y, false));
+  EXPECT_TRUE(product_matches(e, x, false, bcopy, false)) << "the later write wins";
+}
+
+// A two-layer MLP's backward: the second linear's input gradient (through the ReLU) and weight
+// gradient (with the bias gradient) join; float64 checks them, grouping off gives values within
+// rounding, and a CUDA graph of the step replays the eager bits.
+TEST(SmallSgemmGroup, MlpBackwardJoinsInputAndWeightGradients) {
+  TG_SKIP_WITHOUT_GPU();
+  auto opts = TensorOptions().device(Device(kCUDA));
+  tg::manual_seed(13);
+  Tensor x = tg::randn({128, 784}, opts);
+  Tensor w1 = (tg::randn({512, 784}, opts) * 0.03).requires_grad_(), b1 = tg::randn({512}, opts).requires_grad_();
+  Tensor w2 = (tg::randn({512, 512}, opts) * 0.04).requires_grad_(), b2 = tg::randn({512}, opts).requires_grad_();
+  Tensor g = tg::randn({128, 512}, opts);
+  auto step = [&] {
+    Tensor h = tg::relu(tg::linear(x, w1, b1));
+    Tensor y = tg::linear(h, w2, b2);
+    auto grads = tg::autograd::grad({y}, {w1, b1, w2, b2}, {g});
+    grads.push_back(h.detach());
+    return grads;
+  };
+  const int64_t before = cuda::detail::gemm_groupings();
+  std::vector<Tensor> grouped = step();
+  EXPECT_GE(cuda::detail::gemm_groupings() - before, 1) << "layer 2's input and weight gradients in one launch";
+  cuda::detail::set_gemm_grouping(false);
+  const int64_t mid = cuda::detail::gemm_groupings();
+  std::vector<Tensor> apart = step();
+  cuda::detail::set_gemm_grouping(true);
+  EXPECT_EQ(cuda::detail::gemm_groupings(), mid);
+  // float64: dW2 = g^T h, db2 = sum g, and dW1 through the mask, from the float32 values held.
+  RefTensor G = RefTensor::from(g), H = RefTensor::from(grouped[4]), W2 = RefTensor::from(w2),
+            X = RefTensor::from(x);
+  RefTensor GW2 = RefTensor::from(grouped[2]), GB2 = RefTensor::from(grouped[3]), GW1 = RefTensor::from(grouped[0]);
+  auto zero = [](int64_t) { return 0.0; };
+  EXPECT_LT(worst_rel(
+                512, 512, 128, [&](int64_t o, int64_t p) { return GW2.v[o * 512 + p]; },
+                [&](int64_t o, int64_t p, int64_t i) { return G.v[i * 512 + o] * H.v[i * 512 + p]; }, zero),
+            2e-6);
+  EXPECT_LT(worst_rel(
+                1, 512, 128, [&](int64_t, int64_t o) { return GB2.v[o]; },
+                [&](int64_t, int64_t o, int64_t i) { return G.v[i * 512 + o]; }, zero),
+            2e-6);
+  // dH = g W2 masked by h > 0 (float64), then dW1 = dH^T x: compare dW1 against that product.
+  std::vector<double> dh(128 * 512);
+  for (int64_t i = 0; i < 128; ++i)
+    for (int64_t p = 0; p < 512; ++p) {
+      double s = 0;
+      for (int64_t o = 0; o < 512; ++o) s += G.v[i * 512 + o] * W2.v[o * 512 + p];
+      dh[i * 512 + p] = H.v[i * 512 + p] > 0 ? s : 0.0;
+    }
+  EXPECT_LT(worst_rel(
+                512, 784, 128, [&](int64_t p, int64_t q) { return GW1.v[p * 784 + q]; },
+                [&](int64_t p, int64_t q, int64_t i) { return dh[i * 512 + p] * X.v[i * 784 + q]; }, zero),
+            2e-5);  // dH itself carries float32 rounding into this product
+  for (size_t i = 0; i < 4; ++i) {
+    std::vector<double> u = host(grouped[i]), v = host(apart[i]);
+    double worst = 0, scale = 0;
+    for (size_t j = 0; j < u.size(); ++j) {
+      worst = std::max(worst, std::abs(u[j] - v[j]));
+      scale = std::max(scale, std::abs(v[j]));
+    }
+    EXPECT_LE(worst, 1e-5 * scale) << "gradient " << i << ": grouped against apart";
+  }
+  // Captured: the replays give the eager (grouped) bits.
+  std::vector<Tensor> captured;
+  tg::cuda::Stream side;
+  {
+    tg::cuda::StreamGuard guard(side);
+    tg::cuda::Graph graph;
+    graph.capture([&] { captured = step(); });
+    for (int r = 0; r < 2; ++r) {
+      graph.replay();
+      side.synchronize();
+      for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(same_bits(captured[i], grouped[i])) << "replay " << r << " grad " << i;
     }
   }
 }

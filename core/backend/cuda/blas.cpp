@@ -13,7 +13,9 @@
 // the activation and, as its aux output, the linear's own result, and the GELU kernel's pass over
 // the data goes (the forward half of GPT-2's MLP fusion; the backward's DGELU is linear_grad's).
 // A linear's float32 gemm that small_gemm.cu runs waits the same way, and a ReLU of its result
-// joins that kernel's epilogue (an MLP's forward loses its ReLU launches).
+// joins that kernel's epilogue (an MLP's forward loses its ReLU launches). A linear's float32
+// input and weight gradient gemms wait too, and the second joins the first (join_deferred_gemm:
+// independent problems, one group launch of small_gemm.cu).
 #include <tapegrad/core/backend/cuda/blas.h>
 
 #include <algorithm>
@@ -21,9 +23,11 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -38,6 +42,7 @@ namespace tg::cuda::detail {
 namespace {
 
 constexpr int kMaxDevices = 64;
+constexpr int kMaxGemmGroup = kern::kSmallSgemmMaxGroup;  // problems of one small_gemm.cu launch
 constexpr size_t kWorkspaceBytes = 32 << 20;
 
 // ---- cuBLAS handles: one per device per thread, from a process-wide pool.
@@ -394,13 +399,23 @@ struct DeferredGemm final : DeferredCall {
     }
   }
   void run(cudaStream_t stream) override {
-    if (plan == nullptr)
+    if (!more.empty()) {
+      std::array<backend::GemmArgs, kMaxGemmGroup> all;
+      all[0] = g;
+      std::copy(more.begin(), more.end(), all.begin() + 1);
+      kern::small_sgemm_group(all.data(), static_cast<int>(more.size()) + 1, device, stream);
+    } else if (plan == nullptr) {
       kern::small_sgemm(g, device, stream);
-    else
+    } else {
       lt_matmul(*plan, g, device, ws, ws_size, stream, false);
+    }
   }
   backend::GemmArgs g;
   std::array<Tensor, 3> held;
+  // Independent float32 problems of small_gemm.cu that joined this one (join_deferred_gemm): one
+  // launch runs them all. Their operands are held as g's are.
+  std::vector<backend::GemmArgs> more;
+  std::vector<Tensor> more_held;
   int device;
   const LtPlan* plan;  // plans live as long as the process; null: a float32 gemm of small_gemm.cu
   void* ws;
@@ -410,6 +425,11 @@ struct DeferredGemm final : DeferredCall {
 
 std::atomic<bool> g_gemm_activation_fusion{true};
 std::atomic<int64_t> g_gemm_activation_fusions{0};
+std::atomic<bool> g_gemm_grouping{[] {
+  const char* e = std::getenv("TG_GEMM_GROUPING");
+  return !(e && std::string_view(e) == "0");
+}()};
+std::atomic<int64_t> g_gemm_groupings{0};
 
 // GEMMs with fewer outputs gain less from a fused activation than deferring costs on the host.
 constexpr int64_t kDeferGemmMinOutputs = int64_t{1} << 16;
@@ -418,15 +438,112 @@ constexpr int64_t kDeferGemmMinOutputs = int64_t{1} << 16;
 // (none or bias), outside autotuning: float16 / bfloat16 ones large enough for cuBLASLt's GELU
 // epilogue to pay, or (small) float32 ones that small_gemm.cu runs, whose ReLU epilogue saves a
 // launch at any size.
+// A small one may also carry another epilogue of small_gemm.cu (a linear's gradients: the input
+// gradient through a ReLU, the weight gradient with the bias gradient), for the next small gemm
+// to join (join_deferred_gemm).
 bool may_defer_gemm(const backend::GemmArgs& g, bool small) {
+  using E = backend::GemmEpilogue;
+  const bool plain = g.epilogue == E::None || g.epilogue == E::Bias;
+  const bool reads_v = g.epilogue_ptr != nullptr && g.epilogue != E::RowSumsA && g.epilogue != E::ColSumsB;
   if (!g.deferrable || g.operands[0] == nullptr || g.operands[1] == nullptr ||
-      (g.epilogue != backend::GemmEpilogue::None && g.operands[2] == nullptr) ||
-      !g_gemm_activation_fusion.load(std::memory_order_relaxed) || g.batch != 1 ||
-      (g.epilogue != backend::GemmEpilogue::None && g.epilogue != backend::GemmEpilogue::Bias) ||
-      tg::backends::cublas::benchmark())
+      (reads_v && g.operands[2] == nullptr) || g.batch != 1 || tg::backends::cublas::benchmark())
     return false;
-  if (small) return true;
-  return is_reduced_float(g.dtype) && !g.c_float32 && g.m * g.n >= kDeferGemmMinOutputs && g.n % 8 == 0;
+  if (small)
+    return (plain && g_gemm_activation_fusion.load(std::memory_order_relaxed)) ||
+           g_gemm_grouping.load(std::memory_order_relaxed);
+  return plain && g_gemm_activation_fusion.load(std::memory_order_relaxed) && is_reduced_float(g.dtype) &&
+         !g.c_float32 && g.m * g.n >= kDeferGemmMinOutputs && g.n % 8 == 0;
+}
+
+// The bytes a small float32 gemm reads and writes, as address ranges (small_gemm.cu's epilogues).
+struct Span {
+  uintptr_t lo = 0, hi = 0;  // [lo, hi); empty when lo == hi
+};
+Span span_of(const void* p, int64_t rows, int64_t cols, int64_t ld) {
+  if (p == nullptr || rows < 1 || cols < 1) return {};
+  const auto lo = reinterpret_cast<uintptr_t>(p);
+  return {lo, lo + static_cast<uintptr_t>(((rows - 1) * ld + cols) * int64_t{sizeof(float)})};
+}
+bool overlap(const Span& a, const Span& b) { return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi; }
+struct Footprint {
+  std::array<Span, 3> reads, writes;
+};
+Footprint footprint(const backend::GemmArgs& g) {
+  using E = backend::GemmEpilogue;
+  Footprint f;
+  f.reads[0] = g.trans_a ? span_of(g.a, g.k, g.m, g.lda) : span_of(g.a, g.m, g.k, g.lda);
+  f.reads[1] = g.trans_b ? span_of(g.b, g.n, g.k, g.ldb) : span_of(g.b, g.k, g.n, g.ldb);
+  f.writes[0] = span_of(g.c, g.m, g.n, g.ldc);
+  switch (g.epilogue) {
+    case E::Bias: f.reads[2] = span_of(g.epilogue_ptr, 1, g.n, g.n); break;
+    case E::BiasRelu: f.reads[2] = span_of(g.epilogue_ptr, 1, g.n, g.n); [[fallthrough]];
+    case E::Relu: f.writes[1] = span_of(g.epilogue_aux, g.m, g.n, g.n); break;
+    case E::ReluBackward: f.reads[2] = span_of(g.epilogue_ptr, g.m, g.n, g.n); break;
+    case E::RowSumsA: f.writes[1] = span_of(g.epilogue_ptr, 1, g.m, g.m); break;
+    case E::ColSumsB: f.writes[1] = span_of(g.epilogue_ptr, 1, g.n, g.n); break;
+    default: break;
+  }
+  return f;
+}
+// Whether y may run at the same time as x: it writes nothing x reads or writes, and reads
+// nothing x writes.
+bool independent(const backend::GemmArgs& x, const backend::GemmArgs& y) {
+  const Footprint fx = footprint(x), fy = footprint(y);
+  for (const Span& w : fy.writes) {
+    for (const Span& r : fx.reads)
+      if (overlap(w, r)) return false;
+    for (const Span& w2 : fx.writes)
+      if (overlap(w, w2)) return false;
+  }
+  for (const Span& r : fy.reads)
+    for (const Span& w : fx.writes)
+      if (overlap(r, w)) return false;
+  return true;
+}
+
+bool same_call(const backend::GemmArgs& x, const backend::GemmArgs& y) {
+  return x.a == y.a && x.b == y.b && x.c == y.c && x.epilogue == y.epilogue && x.epilogue_ptr == y.epilogue_ptr &&
+         x.epilogue_aux == y.epilogue_aux && x.m == y.m && x.n == y.n && x.k == y.k;
+}
+
+// A small float32 gemm that may wait (g deferrable, called from outside every other CUDA op)
+// joins the small float32 gemm(s) waiting last in the launch queue when it is independent of
+// each and small_gemm.cu runs them all in one launch: a linear's input gradient and weight
+// gradient, which nothing orders, become one kernel. Looks without flushing the queue (the
+// caller has not taken the stream handle yet). true: joined, nothing else to do.
+bool join_deferred_gemm(const backend::GemmArgs& g, int device) {
+  if (!tls_defer_allowed || !g_gemm_grouping.load(std::memory_order_relaxed) ||
+      !g_launches_pending.load(std::memory_order_acquire) || !may_defer_gemm(g, true))
+    return false;
+  const cudaStream_t stream = current_stream_noflush(device);
+  std::vector<backend::GemmArgs> members;
+  if (!amend_last_call(stream, device, [&](DeferredCall& c) {
+        auto* d = dynamic_cast<DeferredGemm*>(&c);
+        if (d == nullptr || d->plan != nullptr || d->more.size() + 1 >= static_cast<size_t>(kMaxGemmGroup)) return false;
+        members.push_back(d->g);
+        members.insert(members.end(), d->more.begin(), d->more.end());
+        return true;
+      }))
+    return false;
+  for (const backend::GemmArgs& m : members)
+    if (!independent(m, g)) return false;
+  const size_t before = members.size();
+  members.push_back(g);
+  // The plan outside the queue's lock (occupancy queries, cached after the first).
+  if (!kern::small_sgemm_group_fits(members.data(), static_cast<int>(members.size()))) return false;
+  const bool joined = amend_last_call(stream, device, [&](DeferredCall& c) {
+    auto* d = dynamic_cast<DeferredGemm*>(&c);
+    if (d == nullptr || d->plan != nullptr || d->more.size() + 1 != before || !same_call(d->g, members[0])) return false;
+    backend::GemmArgs added = g;
+    for (int i = 0; i < 3; ++i) {
+      if (g.operands[i] != nullptr) d->more_held.push_back(*g.operands[i]);
+      added.operands[i] = nullptr;  // the caller's, gone once gemm() returns
+    }
+    d->more.push_back(added);
+    return true;
+  });
+  if (joined) g_gemm_groupings.fetch_add(1, std::memory_order_relaxed);
+  return joined;
 }
 
 bool gemm_activation_fusion_enabled() { return g_gemm_activation_fusion.load(std::memory_order_relaxed); }
@@ -435,6 +552,8 @@ bool gemm_activation_fusion_enabled() { return g_gemm_activation_fusion.load(std
 
 void set_gemm_activation_fusion(bool on) { g_gemm_activation_fusion.store(on, std::memory_order_relaxed); }
 int64_t gemm_activation_fusions() { return g_gemm_activation_fusions.load(std::memory_order_relaxed); }
+void set_gemm_grouping(bool on) { g_gemm_grouping.store(on, std::memory_order_relaxed); }
+int64_t gemm_groupings() { return g_gemm_groupings.load(std::memory_order_relaxed); }
 
 namespace {
 }  // namespace
@@ -528,6 +647,8 @@ bool small_sgemm_applies(const backend::GemmArgs& g) {
 void gemm(const backend::GemmArgs& g) {
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
   const int device = g.device.index() >= 0 ? g.device.index() : resolve(-1);
+  // Before the guard (inside it no launch may wait) and before the stream handle (which flushes).
+  if (g.dtype == kFloat32 && g.deferrable && small_sgemm_applies(g) && join_deferred_gemm(g, device)) return;
   DeviceGuard guard(device);
   cudaStream_t stream = current_stream_handle(device);
   const size_t esize = g.c_float32 ? sizeof(float) : element_size(g.dtype);  // of C
@@ -640,7 +761,7 @@ Tensor fuse_into_deferred_gemm(backend::ElemOp op, const Tensor& a) {
   void* a_ptr = address_noflush(a);  // data_ptr() would flush the gemm this is about
   auto is_result = [&](const DeferredGemm& d) {
     const backend::GemmArgs& g = d.g;
-    return g.c == a_ptr && g.m * g.n == a.numel() && g.dtype == a.dtype() && g.ldc == g.n &&
+    return d.more.empty() && g.c == a_ptr && g.m * g.n == a.numel() && g.dtype == a.dtype() && g.ldc == g.n &&
            (d.plan == nullptr) == relu &&
            (g.epilogue == backend::GemmEpilogue::None || g.epilogue == backend::GemmEpilogue::Bias);
   };

@@ -27,4 +27,12 @@ Tensor fuse_into_deferred_gemm(backend::ElemOp op, const Tensor& a);
 void set_gemm_activation_fusion(bool on);
 int64_t gemm_activation_fusions();
 
+// A deferrable float32 gemm that small_gemm.cu runs joins the small gemm(s) waiting last in the
+// launch queue when it reads and writes nothing they write (and writes nothing they read): a
+// linear's input and weight gradients run as one launch. set_gemm_grouping(false) (or
+// TG_GEMM_GROUPING=0) turns that off (tests and A/B benchmarks; default on); gemm_groupings()
+// counts the joins made in this process.
+void set_gemm_grouping(bool on);
+int64_t gemm_groupings();
+
 }  // namespace tg::cuda::detail

@@ -26,6 +26,11 @@ void linear_grad_weight_bias(const Tensor& gw, const Tensor& gb, const Tensor& g
 // float32 gemms of few output tiles, split over K (small_gemm.cu): whether g fits, and the launch.
 bool small_sgemm_fits(const backend::GemmArgs& g);
 void small_sgemm(const backend::GemmArgs& g, int device, cudaStream_t stream);
+// 2 to kSmallSgemmMaxGroup independent such problems (none writes memory another reads or
+// writes) in one launch: whether they fit one, and the launch.
+inline constexpr int kSmallSgemmMaxGroup = 4;
+bool small_sgemm_group_fits(const backend::GemmArgs* gs, int count);
+void small_sgemm_group(const backend::GemmArgs* gs, int count, int device, cudaStream_t stream);
 // ---- issue 15: softmax and cross_entropy (softmax.cu)
 void softmax(const Tensor& out, const Tensor& in, bool log);
 void softmax_backward(const Tensor& grad_in, const Tensor& grad, const Tensor& out, bool log);

@@ -14,6 +14,9 @@
 // Epilogues: bias; bias gradient (A's row sums or B's column sums); ReLU, the pre-activation also
 // written (a linear and the ReLU after it: fuse_into_deferred_gemm); the gradient through a ReLU
 // (a linear's input gradient times its saved output's mask: the ReLU's backward pass goes).
+// Group launches: up to four independent problems in one kernel (blas.cpp joins a linear's input
+// and weight gradient gemms waiting in the launch queue); every cluster has the group's size, and
+// a problem of fewer splits packs several tiles into each of its clusters.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -54,15 +57,17 @@ struct SgemmArgs {
   float* aux;  // kRelu / kBiasRelu: the pre-activation, m x n row-major
 };
 
+// One block's part of problem p: output tile `tile`, K split `split` of `splits`. The tile's
+// splits are the cluster's blocks of ranks [base, base + splits) (a group launch packs several
+// tiles into one cluster); csize: the cluster's size, whose barriers every block takes (a block
+// with no tile calls idle_block instead). sm: the kernel's [A buffer 0, A buffer 1, B buffer 0,
+// B buffer 1] staging, each [kStep][kLd], reused for the partial tile; vsum: the block's row /
+// column sums.
 template <bool TA, bool TB>
-__global__ void __launch_bounds__(kThreads) small_sgemm_kernel(SgemmArgs p) {
+__device__ __forceinline__ void sgemm_block(const SgemmArgs& p, int tile, int split, int splits, int base, int csize,
+                                            float* sm, float* vsum) {
   namespace cg = cooperative_groups;
-  // [A buffer 0, A buffer 1, B buffer 0, B buffer 1], each [kStep][kLd]; then the partial tile.
-  __shared__ __align__(16) float sm[4 * kStageFloats];
-  static_assert(4 * kStageFloats >= kTile * kTile, "the partial tile reuses the staging buffers");
-  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
   const int t = threadIdx.x, tx = t % 16, ty = t / 16;
-  const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
   const int tm = tile / p.tiles_n, tn = tile % p.tiles_n;
   const int m0 = tm * kTile, n0 = tn * kTile;
   const int kb = split * p.k_per_split, ke = min(p.k, kb + p.k_per_split);
@@ -177,44 +182,114 @@ __global__ void __launch_bounds__(kThreads) small_sgemm_kernel(SgemmArgs p) {
       for (int j = 0; j < 4; ++j) write(ty * 4 + i, tx * 4 + j, acc[i][j]);
     if (row_lane || col_lane)
       for (int i = 0; i < 4; ++i) write_v((row_lane ? ty : tx) * 4 + i, vs[i]);
-    return;
   }
+  if (csize == 1) return;
 
-  // Split K: the tile's blocks are one cluster. Each leaves its partial tile (and sums) in its
-  // shared memory; after the barrier, the block of rank r adds elements [r, r + 1) * 4096 /
-  // splits of every partial in split order (the same bits whichever block ran first).
+  // Split K: the tile's blocks are in one cluster. Each leaves its partial tile (and sums) in its
+  // shared memory; after the barrier, the tile's block `split` adds elements [split, split + 1) *
+  // 4096 / splits of every partial in split order (the same bits whichever block ran first).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  __trap();  // clusters need sm_90; plan_of never splits on older GPUs
+  __trap();  // clusters need sm_90; the plans never split on older GPUs
 #else
-  __shared__ float vsum[kTile];  // this block's row / column sums
   const bool sums = (p.epi == kRowSumsA && tn == 0) || (p.epi == kColSumsB && tm == 0);
   cg::cluster_group cluster = cg::this_cluster();
+  if (splits > 1) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
-    *reinterpret_cast<float4*>(&sm[(ty * 4 + i) * kTile + tx * 4]) =
-        make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
-  if (row_lane || col_lane)
-    for (int i = 0; i < 4; ++i) vsum[(row_lane ? ty : tx) * 4 + i] = vs[i];
-  cluster.sync();
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int lo = rank * (kTile * kTile) / splits, hi = (rank + 1) * (kTile * kTile) / splits;
-  for (int e = lo + t; e < hi; e += kThreads) {
-    float part[kMaxSplits];
-#pragma unroll
-    for (int q = 0; q < kMaxSplits; ++q) part[q] = q < splits ? cluster.map_shared_rank(sm, q)[e] : 0.f;
-    float s = 0.f;
-#pragma unroll
-    for (int q = 0; q < kMaxSplits; ++q)
-      if (q < splits) s += part[q];
-    write(e / kTile, e % kTile, s);
+    for (int i = 0; i < 4; ++i)
+      *reinterpret_cast<float4*>(&sm[(ty * 4 + i) * kTile + tx * 4]) =
+          make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+    if (row_lane || col_lane)
+      for (int i = 0; i < 4; ++i) vsum[(row_lane ? ty : tx) * 4 + i] = vs[i];
   }
-  if (sums && rank == 0 && t < kTile) {
-    float s = 0.f;
-    for (int q = 0; q < splits; ++q) s += cluster.map_shared_rank(vsum, q)[t];
-    write_v(t, s);
+  cluster.sync();
+  if (splits > 1) {
+    const int lo = split * (kTile * kTile) / splits, hi = (split + 1) * (kTile * kTile) / splits;
+    for (int e = lo + t; e < hi; e += kThreads) {
+      float part[kMaxSplits];
+#pragma unroll
+      for (int q = 0; q < kMaxSplits; ++q)
+        part[q] = q < splits ? cluster.map_shared_rank(sm, base + q)[e] : 0.f;
+      float s = 0.f;
+#pragma unroll
+      for (int q = 0; q < kMaxSplits; ++q)
+        if (q < splits) s += part[q];
+      write(e / kTile, e % kTile, s);
+    }
+    if (sums && split == 0 && t < kTile) {
+      float s = 0.f;
+      for (int q = 0; q < splits; ++q) s += cluster.map_shared_rank(vsum, base + q)[t];
+      write_v(t, s);
+    }
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
 #endif
+}
+
+// A block of a group launch's cluster that has no tile: it takes the cluster's two barriers.
+__device__ __forceinline__ void idle_block() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  cluster.sync();
+  cluster.sync();
+#endif
+}
+
+template <bool TA, bool TB>
+__global__ void __launch_bounds__(kThreads) small_sgemm_kernel(SgemmArgs p) {
+  __shared__ __align__(16) float sm[4 * kStageFloats];
+  __shared__ float vsum[kTile];
+  static_assert(4 * kStageFloats >= kTile * kTile, "the partial tile reuses the staging buffers");
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
+  sgemm_block<TA, TB>(p, blockIdx.x, blockIdx.y, gridDim.y, 0, gridDim.y, sm, vsum);
+}
+
+// Independent problems in one launch (a linear's input and weight gradients): blockIdx.x runs
+// over every problem's clusters in turn (gridDim.y blocks each); a problem whose tiles take
+// `splits` blocks packs csize / splits tiles into each of its clusters, so problems of different
+// splits share one cluster size.
+constexpr int kMaxGroup = kSmallSgemmMaxGroup;
+struct GroupArgs {
+  SgemmArgs p[kMaxGroup];
+  int cluster_end[kMaxGroup];  // running sums of the problems' clusters
+  int splits[kMaxGroup];
+  int tiles_per_cluster[kMaxGroup];
+  int tiles[kMaxGroup];
+  unsigned char trans[kMaxGroup];  // 2 * trans_a + trans_b
+  int count;
+};
+
+__global__ void __launch_bounds__(kThreads) small_sgemm_group_kernel(GroupArgs g) {
+  __shared__ __align__(16) float sm[4 * kStageFloats];
+  __shared__ float vsum[kTile];
+  wait_prior_grids();
+  // This block's problem, selected with constant indices (a dynamic index into the parameters
+  // would copy them all to local memory).
+  const int x = static_cast<int>(blockIdx.x), rank = static_cast<int>(blockIdx.y), csize = gridDim.y;
+  SgemmArgs p = g.p[0];
+  int cl = x, splits = g.splits[0], per = g.tiles_per_cluster[0], tiles = g.tiles[0], trans = g.trans[0];
+#pragma unroll
+  for (int j = 1; j < kMaxGroup; ++j) {
+    if (j < g.count && x >= g.cluster_end[j - 1]) {
+      p = g.p[j];
+      cl = x - g.cluster_end[j - 1];
+      splits = g.splits[j];
+      per = g.tiles_per_cluster[j];
+      tiles = g.tiles[j];
+      trans = g.trans[j];
+    }
+  }
+  const int sub = rank / splits, tile = cl * per + sub;
+  if (sub >= per || tile >= tiles) {
+    idle_block();
+    return;
+  }
+  const int split = rank % splits, base = sub * splits;
+  switch (trans) {
+    case 0: sgemm_block<false, false>(p, tile, split, splits, base, csize, sm, vsum); break;
+    case 1: sgemm_block<false, true>(p, tile, split, splits, base, csize, sm, vsum); break;
+    case 2: sgemm_block<true, false>(p, tile, split, splits, base, csize, sm, vsum); break;
+    default: sgemm_block<true, true>(p, tile, split, splits, base, csize, sm, vsum); break;
+  }
 }
 
 using Kernel = void (*)(SgemmArgs);
@@ -222,10 +297,16 @@ Kernel kernel_of(bool ta, bool tb) {
   return ta ? (tb ? small_sgemm_kernel<true, true> : small_sgemm_kernel<true, false>)
             : (tb ? small_sgemm_kernel<false, true> : small_sgemm_kernel<false, false>);
 }
+// Cache key and occupancy queries of a launch: one of the four single-problem kernels, or the
+// group kernel (ta, tb ignored).
+const void* func_of(bool group, bool ta, bool tb) {
+  return group ? reinterpret_cast<const void*>(small_sgemm_group_kernel)
+               : reinterpret_cast<const void*>(kernel_of(ta, tb));
+}
 
 // How many clusters of `size` blocks (along y) of kernel k the device holds at once (0: none, or
 // the size refused).
-int resident_clusters(Kernel k, int size) {
+int resident_clusters(const void* k, int size) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(1, static_cast<unsigned>(size));
   cfg.blockDim = dim3(kThreads);
@@ -244,20 +325,19 @@ int resident_clusters(Kernel k, int size) {
   return clusters;
 }
 
-// The largest cluster (<= kMaxSplits blocks along y) the device can hold for this kernel,
-// asked once per device and variant (16 where the GPU allows that non-portable size).
-int max_cluster(int device, bool ta, bool tb) {
+// The largest cluster (<= kMaxSplits blocks along y) the device can hold for kernel k, asked
+// once per device and kernel (16 where the GPU allows that non-portable size).
+int max_cluster(int device, const void* k) {
   static std::mutex mu;
-  static std::map<std::tuple<int, bool, bool>, int> known;
+  static std::map<std::pair<int, const void*>, int> known;
   std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = known.try_emplace({device, ta, tb}, 1);
+  auto [it, fresh] = known.try_emplace({device, k}, 1);
   if (!fresh) return it->second;
   int major = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major < 9) {
     (void)cudaGetLastError();
     return it->second;  // no clusters before Hopper: unsplit only
   }
-  Kernel k = kernel_of(ta, tb);
   if (cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) (void)cudaGetLastError();
   for (int size = kMaxSplits; size > 1; --size) {
     if (resident_clusters(k, size) > 0) {
@@ -268,14 +348,14 @@ int max_cluster(int device, bool ta, bool tb) {
   return it->second;
 }
 
-// How many clusters of `size` blocks of this variant the device holds at once (cached per device,
-// variant and size): a grid of more tiles than that runs its clusters in two waves.
-int active_clusters(int device, bool ta, bool tb, int size) {
+// How many clusters of `size` blocks of kernel k the device holds at once (cached per device,
+// kernel and size): a grid of more tiles than that runs its clusters in two waves.
+int active_clusters(int device, const void* k, int size) {
   static std::mutex mu;
-  static std::map<std::tuple<int, bool, bool, int>, int> known;
+  static std::map<std::tuple<int, const void*, int>, int> known;
   std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = known.try_emplace({device, ta, tb, size}, 0);
-  if (fresh) it->second = resident_clusters(kernel_of(ta, tb), size);
+  auto [it, fresh] = known.try_emplace({device, k, size}, 0);
+  if (fresh) it->second = resident_clusters(k, size);
   return it->second;
 }
 
@@ -312,10 +392,10 @@ Plan plan_of(const backend::GemmArgs& g, int device) {
   pl.tiles = tiles_m * pl.tiles_n;
   const int steps = static_cast<int>((g.k + kStep - 1) / kStep);
   int want =
-      std::clamp(std::min(2 * sm_count(device) / pl.tiles, steps / 2), 1, max_cluster(device, g.trans_a, g.trans_b));
+      std::clamp(std::min(2 * sm_count(device) / pl.tiles, steps / 2), 1, max_cluster(device, func_of(false, g.trans_a, g.trans_b)));
   // Every tile's cluster resident at once: with 16 tiles in clusters of 13 or 16 the H100 / H200
   // held 14 (ncu, issue 15's MLP), and the last two ran as a second wave.
-  while (want > 1 && active_clusters(device, g.trans_a, g.trans_b, want) < pl.tiles) --want;
+  while (want > 1 && active_clusters(device, func_of(false, g.trans_a, g.trans_b), want) < pl.tiles) --want;
   pl.per_split = (steps + want - 1) / want;
   // Past kMaxStepsPerSplit a block's K loop is long enough for cuBLAS's larger tiles to win
   // (this kernel issues at ~0.35 instructions a cycle per scheduler: it is for latency-bound
@@ -325,18 +405,9 @@ Plan plan_of(const backend::GemmArgs& g, int device) {
   return pl;
 }
 
-}  // namespace
 
-bool small_sgemm_fits(const backend::GemmArgs& g) {
-  int device = g.device.index();
-  if (device < 0) TG_CUDA_CHECK(cudaGetDevice(&device));
-  return plan_of(g, device).splits > 0;
-}
-
-void small_sgemm(const backend::GemmArgs& g, int device, cudaStream_t stream) {
-  const Plan pl = plan_of(g, device);
-  TG_CHECK(pl.splits > 0, "matmul: the small float32 gemm does not take [", g.m, ", ", g.k, "] x [", g.k, ", ", g.n,
-           "] (batch ", g.batch, ")");
+// The kernel's view of g, K split in per_split steps.
+SgemmArgs sgemm_args(const backend::GemmArgs& g, int tiles_n, int per_split) {
   SgemmArgs p{};
   p.a = static_cast<const float*>(g.a);
   p.b = static_cast<const float*>(g.b);
@@ -350,9 +421,88 @@ void small_sgemm(const backend::GemmArgs& g, int device, cudaStream_t stream) {
   p.epi = epi_of(g.epilogue);
   p.v = static_cast<float*>(g.epilogue_ptr);
   p.aux = static_cast<float*>(g.epilogue_aux);
-  p.tiles_n = pl.tiles_n;
-  p.k_per_split = pl.per_split * kStep;
+  p.tiles_n = tiles_n;
+  p.k_per_split = per_split * kStep;
+  return p;
+}
 
+int device_of(const backend::GemmArgs& g) {
+  int device = g.device.index();
+  if (device < 0) TG_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+// A group launch's shape: the cluster size c and each problem's splits s (s <= c, c / s tiles
+// a cluster) with the fewest K steps a block (then the fewest blocks) such that every cluster is
+// resident at once; false where no shape keeps a block within kMaxStepsPerSplit K steps, or a
+// problem does not fit the kernel at all. Deterministic for given problems and device: the same
+// group gives the same bits on every run and replay.
+bool group_plan(const backend::GemmArgs* gs, int count, int device, GroupArgs& ga, int& csize) {
+  if (count < 2 || count > kMaxGroup) return false;
+  Plan pl[kMaxGroup];
+  int steps[kMaxGroup];
+  for (int i = 0; i < count; ++i) {
+    pl[i] = plan_of(gs[i], device);
+    if (pl[i].splits == 0) return false;
+    steps[i] = static_cast<int>((gs[i].k + kStep - 1) / kStep);
+  }
+  const void* k = func_of(true, false, false);
+  const int cmax = max_cluster(device, k);
+  int best_steps = INT_MAX, best_blocks = INT_MAX, best_c = 0, best_target = 0;
+  for (int c = 1; c <= cmax; ++c) {
+    const int resident = active_clusters(device, k, c);
+    for (int target = 1; target <= kMaxStepsPerSplit && target <= best_steps; ++target) {
+      int clusters = 0, worst = 0;
+      bool ok = true;
+      for (int i = 0; i < count && ok; ++i) {
+        const int s = (steps[i] + target - 1) / target;  // splits for at most `target` steps a block
+        if (s > c) {
+          ok = false;
+          break;
+        }
+        const int per_split = (steps[i] + s - 1) / s, per = c / s;
+        worst = std::max(worst, per_split);
+        clusters += (pl[i].tiles + per - 1) / per;
+      }
+      if (!ok || clusters > resident) continue;
+      const int blocks = clusters * c;
+      if (worst < best_steps || (worst == best_steps && blocks < best_blocks)) {
+        best_steps = worst;
+        best_blocks = blocks;
+        best_c = c;
+        best_target = target;
+      }
+      break;  // larger targets only give more steps a block
+    }
+  }
+  if (best_c == 0) return false;
+  csize = best_c;
+  ga = GroupArgs{};
+  ga.count = count;
+  int end = 0;
+  for (int i = 0; i < count; ++i) {
+    const int s = (steps[i] + best_target - 1) / best_target;
+    const int per_split = (steps[i] + s - 1) / s;
+    ga.p[i] = sgemm_args(gs[i], pl[i].tiles_n, per_split);
+    ga.splits[i] = (steps[i] + per_split - 1) / per_split;  // no empty split
+    ga.tiles_per_cluster[i] = csize / ga.splits[i];
+    ga.tiles[i] = pl[i].tiles;
+    ga.trans[i] = static_cast<unsigned char>(2 * gs[i].trans_a + gs[i].trans_b);
+    end += (pl[i].tiles + ga.tiles_per_cluster[i] - 1) / ga.tiles_per_cluster[i];
+    ga.cluster_end[i] = end;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool small_sgemm_fits(const backend::GemmArgs& g) { return plan_of(g, device_of(g)).splits > 0; }
+
+void small_sgemm(const backend::GemmArgs& g, int device, cudaStream_t stream) {
+  const Plan pl = plan_of(g, device);
+  TG_CHECK(pl.splits > 0, "matmul: the small float32 gemm does not take [", g.m, ", ", g.k, "] x [", g.k, ", ", g.n,
+           "] (batch ", g.batch, ")");
+  const SgemmArgs p = sgemm_args(g, pl.tiles_n, pl.per_split);
   LaunchShape shape;
   shape.grid = dim3(static_cast<unsigned>(pl.tiles), static_cast<unsigned>(pl.splits));
   shape.block = dim3(kThreads);
@@ -360,6 +510,26 @@ void small_sgemm(const backend::GemmArgs& g, int device, cudaStream_t stream) {
   shape.device = device;
   shape.cluster = dim3(1, static_cast<unsigned>(pl.splits), 1);
   launch_dependent(kernel_of(g.trans_a, g.trans_b), shape, p);
+}
+
+bool small_sgemm_group_fits(const backend::GemmArgs* gs, int count) {
+  GroupArgs ga;
+  int csize = 0;
+  return count >= 2 && group_plan(gs, count, device_of(gs[0]), ga, csize);
+}
+
+void small_sgemm_group(const backend::GemmArgs* gs, int count, int device, cudaStream_t stream) {
+  GroupArgs ga;
+  int csize = 0;
+  TG_CHECK(group_plan(gs, count, device, ga, csize), "matmul: the small float32 gemm does not take these ", count,
+           " problems in one launch");
+  LaunchShape shape;
+  shape.grid = dim3(static_cast<unsigned>(ga.cluster_end[count - 1]), static_cast<unsigned>(csize));
+  shape.block = dim3(kThreads);
+  shape.stream = stream;
+  shape.device = device;
+  shape.cluster = dim3(1, static_cast<unsigned>(csize), 1);
+  launch_dependent(small_sgemm_group_kernel, shape, ga);
 }
 
 }  // namespace tg::cuda::kern
