@@ -4,7 +4,8 @@
 // split and unsplit shapes, tile edges, every transpose and padded leading dimensions; the
 // same bits on every run and on a CUDA graph's replays; and the cuBLAS path agrees. Independent
 // problems waiting in the launch queue join one launch (SmallSgemmGroup): their own values, none
-// joined where one writes what another touches, and a two-layer MLP's backward.
+// joined where one writes what another touches, and a two-layer MLP's backward; the join rule
+// itself on byte ranges alone (runs without a GPU).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -218,6 +219,74 @@ backend::GemmArgs deferrable_gemm(const Tensor& a, bool ta, const Tensor& b, boo
 // op(A) op(B) against float64, C already computed.
 ::testing::AssertionResult product_matches(const Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb) {
   return matches_reference(c, ta ? a.t() : a, tb ? b.t() : b, 2e-6);
+}
+
+// The join rule on addresses alone (no GPU needed): which byte ranges a gemm reads and writes.
+backend::GemmArgs fake_gemm(uintptr_t a, uintptr_t b, uintptr_t c, int64_t m, int64_t n, int64_t k) {
+  backend::GemmArgs g{};
+  g.dtype = kFloat32;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.batch = 1;
+  g.a = reinterpret_cast<const void*>(a);
+  g.b = reinterpret_cast<const void*>(b);
+  g.c = reinterpret_cast<void*>(c);
+  g.lda = k;
+  g.ldb = n;
+  g.ldc = n;
+  return g;
+}
+
+TEST(SmallSgemmGroup, IndependenceIsJudgedByTheBytesEachTouches) {
+  using E = backend::GemmEpilogue;
+  constexpr uintptr_t kA = 0x100000, kB = 0x200000, kC = 0x300000, kFar = 0x900000;
+  const auto x = fake_gemm(kA, kB, kC, 4, 4, 8);  // reads [kA, kA + 128), [kB, kB + 128); writes [kC, kC + 64)
+  auto indep = [](const backend::GemmArgs& p, const backend::GemmArgs& q) {
+    return cuda::detail::gemms_independent(p, q);
+  };
+  EXPECT_TRUE(indep(x, fake_gemm(kFar, kFar + 0x1000, kFar + 0x2000, 4, 4, 8))) << "disjoint";
+  EXPECT_TRUE(indep(x, fake_gemm(kA, kB, kFar, 4, 4, 8))) << "both only read A and B";
+  EXPECT_FALSE(indep(x, fake_gemm(kC, kFar, kFar + 0x1000, 4, 4, 8))) << "reads what x writes";
+  EXPECT_FALSE(indep(x, fake_gemm(kFar, kFar + 0x1000, kB + 124, 4, 4, 8))) << "writes x's B's last element";
+  EXPECT_TRUE(indep(x, fake_gemm(kFar, kFar + 0x1000, kB + 128, 4, 4, 8))) << "writes just past x's B";
+  EXPECT_FALSE(indep(x, fake_gemm(kFar, kFar + 0x1000, kC, 1, 1, 1))) << "writes what x writes";
+  // Leading dimensions and transposes: op(A) = A^T with A stored [k = 10, m = 3], lda 5, spans
+  // (9 * 5 + 3) floats = 192 bytes.
+  auto t = fake_gemm(kA, kB, kC, 3, 4, 10);
+  t.trans_a = true;
+  t.lda = 5;
+  EXPECT_FALSE(indep(t, fake_gemm(kFar, kFar + 0x1000, kA + 188, 1, 1, 1)));
+  EXPECT_TRUE(indep(t, fake_gemm(kFar, kFar + 0x1000, kA + 192, 1, 1, 1)));
+  // C with ldc 8 (a column slice): rows 0-3 of 4 columns span (3 * 8 + 4) floats; the gaps between
+  // rows count as written (conservative), past the last row does not.
+  auto s4 = fake_gemm(kA, kB, kC, 4, 4, 8);
+  s4.ldc = 8;
+  EXPECT_FALSE(indep(s4, fake_gemm(kC + 16, kFar, kFar + 0x1000, 1, 1, 1))) << "reads a gap of x's C";
+  EXPECT_TRUE(indep(s4, fake_gemm(kC + 112, kFar, kFar + 0x1000, 1, 1, 1))) << "reads past x's C";
+  // Epilogue vectors: a bias gradient written (RowSumsA: m floats), a bias read (n floats), a
+  // saved ReLU output read (m x n).
+  auto rs = x;
+  rs.epilogue = E::RowSumsA;
+  rs.epilogue_ptr = reinterpret_cast<void*>(kFar);
+  auto bias = fake_gemm(kFar + 0x1000, kFar + 0x2000, kFar + 0x3000, 4, 4, 8);
+  bias.epilogue = E::Bias;
+  bias.epilogue_ptr = reinterpret_cast<void*>(kFar + 12);
+  EXPECT_FALSE(indep(rs, bias)) << "reads the bias gradient x writes";
+  bias.epilogue_ptr = reinterpret_cast<void*>(kFar + 16);
+  EXPECT_TRUE(indep(rs, bias));
+  auto rb = x;
+  rb.epilogue = E::ReluBackward;
+  rb.epilogue_ptr = reinterpret_cast<void*>(kFar);
+  EXPECT_FALSE(indep(rb, fake_gemm(kFar + 0x1000, kFar + 0x2000, kFar + 60, 1, 1, 1))) << "writes x's mask";
+  EXPECT_TRUE(indep(rb, fake_gemm(kFar + 0x1000, kFar + 0x2000, kFar + 64, 1, 1, 1)));
+  // Outside small_gemm.cu's problems: never judged independent.
+  auto half = fake_gemm(kFar, kFar + 0x1000, kFar + 0x2000, 4, 4, 8);
+  half.dtype = kBFloat16;
+  EXPECT_FALSE(indep(x, half));
+  auto gelu = fake_gemm(kFar, kFar + 0x1000, kFar + 0x2000, 4, 4, 8);
+  gelu.epilogue = E::GeluTanhBackward;
+  EXPECT_FALSE(indep(gelu, x));
 }
 
 TEST(SmallSgemmGroup, IndependentGemmsJoinOneLaunchWithTheirOwnValues) {

@@ -467,10 +467,12 @@ Span span_of(const void* p, int64_t rows, int64_t cols, int64_t ld) {
 bool overlap(const Span& a, const Span& b) { return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi; }
 struct Footprint {
   std::array<Span, 3> reads, writes;
+  bool known = true;  // an epilogue or dtype outside small_gemm.cu's: judged dependent
 };
 Footprint footprint(const backend::GemmArgs& g) {
   using E = backend::GemmEpilogue;
   Footprint f;
+  f.known = g.dtype == kFloat32 && !g.c_float32 && g.batch == 1;
   f.reads[0] = g.trans_a ? span_of(g.a, g.k, g.m, g.lda) : span_of(g.a, g.m, g.k, g.lda);
   f.reads[1] = g.trans_b ? span_of(g.b, g.n, g.k, g.ldb) : span_of(g.b, g.k, g.n, g.ldb);
   f.writes[0] = span_of(g.c, g.m, g.n, g.ldc);
@@ -481,14 +483,16 @@ Footprint footprint(const backend::GemmArgs& g) {
     case E::ReluBackward: f.reads[2] = span_of(g.epilogue_ptr, g.m, g.n, g.n); break;
     case E::RowSumsA: f.writes[1] = span_of(g.epilogue_ptr, 1, g.m, g.m); break;
     case E::ColSumsB: f.writes[1] = span_of(g.epilogue_ptr, 1, g.n, g.n); break;
-    default: break;
+    case E::None: break;
+    default: f.known = false; break;
   }
   return f;
 }
-// Whether y may run at the same time as x: it writes nothing x reads or writes, and reads
-// nothing x writes.
-bool independent(const backend::GemmArgs& x, const backend::GemmArgs& y) {
+}  // namespace
+
+bool gemms_independent(const backend::GemmArgs& x, const backend::GemmArgs& y) {
   const Footprint fx = footprint(x), fy = footprint(y);
+  if (!fx.known || !fy.known) return false;
   for (const Span& w : fy.writes) {
     for (const Span& r : fx.reads)
       if (overlap(w, r)) return false;
@@ -500,6 +504,8 @@ bool independent(const backend::GemmArgs& x, const backend::GemmArgs& y) {
       if (overlap(r, w)) return false;
   return true;
 }
+
+namespace {
 
 bool same_call(const backend::GemmArgs& x, const backend::GemmArgs& y) {
   return x.a == y.a && x.b == y.b && x.c == y.c && x.epilogue == y.epilogue && x.epilogue_ptr == y.epilogue_ptr &&
@@ -526,7 +532,7 @@ bool join_deferred_gemm(const backend::GemmArgs& g, int device) {
       }))
     return false;
   for (const backend::GemmArgs& m : members)
-    if (!independent(m, g)) return false;
+    if (!gemms_independent(m, g)) return false;
   const size_t before = members.size();
   members.push_back(g);
   // The plan outside the queue's lock (occupancy queries, cached after the first).

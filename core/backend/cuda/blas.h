@@ -34,5 +34,10 @@ int64_t gemm_activation_fusions();
 // counts the joins made in this process.
 void set_gemm_grouping(bool on);
 int64_t gemm_groupings();
+// The rule of a join: whether y may run at the same time as x (both float32 gemms of
+// small_gemm.cu's epilogues): y writes no byte x reads or writes, and reads no byte x writes,
+// judged by the address ranges of A, B and C (leading dimensions, transposes) and of the
+// epilogue's vector or matrix. Host only.
+bool gemms_independent(const tg::backend::GemmArgs& x, const tg::backend::GemmArgs& y);
 
 }  // namespace tg::cuda::detail
