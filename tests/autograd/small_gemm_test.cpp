@@ -323,6 +323,24 @@ TEST(SmallSgemmGroup, IndependentGemmsJoinOneLaunchWithTheirOwnValues) {
   for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(same_bits(cs[i], again[i])) << "problem " << i << " run twice";
 }
 
+// The MLP's last layer: its input gradient has one K step (K = 10: one block a tile, many tiles
+// packed into each of the group's clusters) beside a weight gradient split over K.
+TEST(SmallSgemmGroup, OneStepProblemSharesClustersWithASplitOne) {
+  TG_SKIP_WITHOUT_GPU();
+  auto opts = TensorOptions().device(Device(kCUDA));
+  backend::Backend& be = backend::get(DeviceType::CUDA);
+  tg::manual_seed(14);
+  Tensor g = tg::randn({128, 10}, opts), w = tg::randn({10, 512}, opts), h = tg::randn({128, 512}, opts);
+  Tensor dx = tg::empty({128, 512}, opts), dw = tg::empty({10, 512}, opts);
+  tg::cuda::synchronize();
+  const int64_t before = cuda::detail::gemm_groupings();
+  be.gemm(deferrable_gemm(g, false, w, false, dx));  // dX = g W
+  be.gemm(deferrable_gemm(g, true, h, false, dw));   // dW = g^T h
+  EXPECT_EQ(cuda::detail::gemm_groupings() - before, 1);
+  EXPECT_TRUE(product_matches(dx, g, false, w, false));
+  EXPECT_TRUE(product_matches(dw, g, true, h, false));
+}
+
 TEST(SmallSgemmGroup, GemmsThatShareWrittenMemoryDoNotJoin) {
   TG_SKIP_WITHOUT_GPU();
   auto opts = TensorOptions().device(Device(kCUDA));
