@@ -17,6 +17,10 @@ namespace tg::native {
 Tensor empty(const Shape& sizes, DType dtype, Device device);  // device index resolved
 Tensor empty_strided(const Shape& sizes, const Shape& strides, DType dtype, Device device);
 Tensor make_view(const Tensor& base, Shape sizes, Shape strides, int64_t offset);  // shares storage
+// t's first element's address for a backend call, without Tensor::data_ptr(), which flushes the
+// CUDA launch queue: a backend call orders itself on the queue or the stream, and a flush here
+// would send a waiting call before this one could join or amend it.
+void* address(const Tensor& t);
 Device resolve(Device d);  // cuda without index -> current device; checks the device exists
 
 // ---- elementwise engine front-end

@@ -54,6 +54,10 @@ Tensor empty_strided(const Shape& sizes, const Shape& strides, DType dtype, Devi
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), sizes, strides, 0, dtype));
 }
 
+void* address(const Tensor& t) {
+  return static_cast<char*>(t.impl().storage->data()) + t.storage_offset() * static_cast<int64_t>(t.element_size());
+}
+
 Tensor make_view(const Tensor& base, Shape sizes, Shape strides, int64_t offset) {
   return Tensor(std::make_shared<TensorImpl>(base.impl().storage, std::move(sizes), std::move(strides), offset,
                                              base.dtype()));

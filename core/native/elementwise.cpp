@@ -175,7 +175,7 @@ ElementwiseIter make_iter(const Tensor& out, std::initializer_list<const Tensor*
   for (int o = 0; o < it.noperands; ++o) {
     const Tensor& t = *ops[o];
     it.dtypes[o] = t.dtype();
-    it.data[o] = static_cast<char*>(t.impl().storage->data()) + t.storage_offset() * static_cast<int64_t>(t.element_size());
+    it.data[o] = static_cast<char*>(address(t));
     const int tnd = static_cast<int>(t.dim());
     for (int d = 0; d < nd; ++d) {
       int td = d - (nd - tnd);

@@ -179,13 +179,6 @@ Tensor rows_of(const Tensor& t) {
 
 // A 2-D t (or its transpose) as a gemm operand, copied to row-major when the BLAS cannot take
 // its layout as it is.
-// An operand's address for GemmArgs without Tensor::data_ptr(), which flushes the CUDA launch
-// queue: the backend orders the gemm itself (it takes the stream, or waits in the queue), and a
-// flush here would send a gemm waiting there before this one could join it (blas.cpp).
-void* address(const Tensor& t) {
-  return static_cast<char*>(t.impl().storage->data()) + t.storage_offset() * static_cast<int64_t>(t.element_size());
-}
-
 struct Operand {
   Tensor t;  // keeps a copy alive
   MatLayout lay;

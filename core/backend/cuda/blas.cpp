@@ -653,8 +653,9 @@ bool small_sgemm_applies(const backend::GemmArgs& g) {
 void gemm(const backend::GemmArgs& g) {
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
   const int device = g.device.index() >= 0 ? g.device.index() : resolve(-1);
+  const bool small = g.dtype == kFloat32 && small_sgemm_applies(g);
   // Before the guard (inside it no launch may wait) and before the stream handle (which flushes).
-  if (g.dtype == kFloat32 && g.deferrable && small_sgemm_applies(g) && join_deferred_gemm(g, device)) return;
+  if (small && g.deferrable && join_deferred_gemm(g, device)) return;
   DeviceGuard guard(device);
   cudaStream_t stream = current_stream_handle(device);
   const size_t esize = g.c_float32 ? sizeof(float) : element_size(g.dtype);  // of C
@@ -687,7 +688,7 @@ void gemm(const backend::GemmArgs& g) {
   switch (g.dtype) {
     case kFloat32: {
       // Few output tiles, full float32: the split-K kernel of small_gemm.cu, epilogue included.
-      if (small_sgemm_applies(g)) {
+      if (small) {
         if (may_defer_gemm(g, true)) {
           std::unique_ptr<DeferredCall> call = std::make_unique<DeferredGemm>(g, device, nullptr, nullptr, nullptr, 0);
           if (defer_call(call, stream, device)) return;
