@@ -57,6 +57,82 @@ struct SgemmArgs {
   float* aux;  // kRelu / kBiasRelu: the pre-activation, m x n row-major
 };
 
+// The cluster barrier in its two halves (sm_90; every thread of the block, no divergence):
+// arrive with release semantics (this block's shared memory writes are visible to the cluster's
+// blocks once they have waited) or relaxed (nothing to publish), and wait (acquire).
+__device__ __forceinline__ void cluster_arrive(bool release) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (release)
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  else
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#endif
+}
+
+// What the epilogue of output elements (gi, gj .. gj + 3) reads: the bias of those columns, or
+// the saved ReLU output (kReluBackward's mask); zero outside the matrix. gj is a multiple of 4.
+__device__ __forceinline__ float4 epilogue_operand(const SgemmArgs& p, int gi, int gj) {
+  float o[4] = {0.f, 0.f, 0.f, 0.f};
+  if (p.epi == kBias || p.epi == kBiasRelu) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (gj + j < p.n) o[j] = __ldg(p.v + gj + j);
+  } else if (p.epi == kReluBackward && gi < p.m) {
+    const float* src = p.v + int64_t{gi} * p.n + gj;
+    if (gj + 3 < p.n && p.n % 4 == 0 && reinterpret_cast<uintptr_t>(p.v) % 16 == 0) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(src));
+      return v;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (gj + j < p.n) o[j] = __ldg(src + j);
+  }
+  return make_float4(o[0], o[1], o[2], o[3]);
+}
+
+// Output elements (gi, gj .. gj + 3) of the sums s through the epilogue (operands o from
+// epilogue_operand): C, and the pre-activation for kRelu / kBiasRelu; 16-byte stores where the
+// row's four columns are inside the matrix and aligned.
+__device__ __forceinline__ void write_quad(const SgemmArgs& p, int gi, int gj, float4 s4, float4 o4) {
+  if (gi >= p.m) return;
+  float s[4] = {s4.x, s4.y, s4.z, s4.w};
+  const float o[4] = {o4.x, o4.y, o4.z, o4.w};
+  float pre[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (p.epi == kBias || p.epi == kBiasRelu) s[j] += o[j];
+    pre[j] = s[j];
+    if (p.epi == kRelu || p.epi == kBiasRelu)
+      s[j] = s[j] < 0.f ? 0.f : s[j];  // ReluF: NaN stays
+    else if (p.epi == kReluBackward)
+      s[j] = o[j] > 0.f ? s[j] : 0.f;  // ReluBackwardF
+  }
+  const bool full = gj + 3 < p.n;
+  float* c = p.c + int64_t{gi} * p.ldc + gj;
+  if (full && p.ldc % 4 == 0 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0) {
+    *reinterpret_cast<float4*>(c) = make_float4(s[0], s[1], s[2], s[3]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (gj + j < p.n) c[j] = s[j];
+  }
+  if (p.epi == kRelu || p.epi == kBiasRelu) {
+    float* a = p.aux + int64_t{gi} * p.n + gj;
+    if (full && p.n % 4 == 0 && reinterpret_cast<uintptr_t>(p.aux) % 16 == 0) {
+      *reinterpret_cast<float4*>(a) = make_float4(pre[0], pre[1], pre[2], pre[3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (gj + j < p.n) a[j] = pre[j];
+    }
+  }
+}
+
 // One block's part of problem p: output tile `tile`, K split `split` of `splits`. The tile's
 // splits are the cluster's blocks of ranks [base, base + splits) (a group launch packs several
 // tiles into one cluster); csize: the cluster's size, whose barriers every block takes (a block
@@ -158,18 +234,6 @@ __device__ __forceinline__ void sgemm_block(const SgemmArgs& p, int tile, int sp
     buf ^= 1;
   }
 
-  auto write = [&](int row, int col, float s) {
-    const int gi = m0 + row, gj = n0 + col;
-    if (gi >= p.m || gj >= p.n) return;
-    if (p.epi == kBias || p.epi == kBiasRelu) s += __ldg(p.v + gj);
-    if (p.epi == kRelu || p.epi == kBiasRelu) {
-      p.aux[int64_t{gi} * p.n + gj] = s;
-      s = s < 0.f ? 0.f : s;  // ReluF: NaN stays
-    } else if (p.epi == kReluBackward) {
-      s = __ldg(p.v + int64_t{gi} * p.n + gj) > 0.f ? s : 0.f;  // ReluBackwardF
-    }
-    p.c[int64_t{gi} * p.ldc + gj] = s;
-  };
   auto write_v = [&](int e, float s) {
     const int o = (p.epi == kRowSumsA ? m0 : n0) + e;
     if (o < (p.epi == kRowSumsA ? p.m : p.n)) p.v[o] = s;
@@ -177,17 +241,22 @@ __device__ __forceinline__ void sgemm_block(const SgemmArgs& p, int tile, int sp
 
   if (splits == 1) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) write(ty * 4 + i, tx * 4 + j, acc[i][j]);
+    for (int i = 0; i < 4; ++i) {
+      const int gi = m0 + ty * 4 + i, gj = n0 + tx * 4;
+      write_quad(p, gi, gj, make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]), epilogue_operand(p, gi, gj));
+    }
     if (row_lane || col_lane)
       for (int i = 0; i < 4; ++i) write_v((row_lane ? ty : tx) * 4 + i, vs[i]);
   }
   if (csize == 1) return;
 
   // Split K: the tile's blocks are in one cluster. Each leaves its partial tile (and sums) in its
-  // shared memory; after the barrier, the tile's block `split` adds elements [split, split + 1) *
-  // 4096 / splits of every partial in split order (the same bits whichever block ran first).
+  // shared memory and arrives at the cluster barrier (release); the tile's block `split` then
+  // adds quads [split, split + 1) * 1024 / splits of every partial in split order (the same bits
+  // whichever block ran first), 16-byte reads of the other blocks' shared memory, its epilogue
+  // operands (bias, ReLU mask) loaded before it waits. The exit barrier only keeps every block's
+  // shared memory alive until the others have read it, so its arrive publishes nothing (relaxed:
+  // no wait for this block's global stores).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // clusters need sm_90; the plans never split on older GPUs
 #else
@@ -201,19 +270,44 @@ __device__ __forceinline__ void sgemm_block(const SgemmArgs& p, int tile, int sp
     if (row_lane || col_lane)
       for (int i = 0; i < 4; ++i) vsum[(row_lane ? ty : tx) * 4 + i] = vs[i];
   }
-  cluster.sync();
+  cluster_arrive(true);
+  constexpr int kQuads = kTile * kTile / 4, kQuadsPerRow = kTile / 4, kInFlight = 8;
+  static_assert(kQuads / 2 <= 2 * kThreads, "two splits or more leave at most two quads a thread");
+  const int lo = split * kQuads / splits, hi = (split + 1) * kQuads / splits;
+  float4 opnd[2] = {};
   if (splits > 1) {
-    const int lo = split * (kTile * kTile) / splits, hi = (split + 1) * (kTile * kTile) / splits;
-    for (int e = lo + t; e < hi; e += kThreads) {
-      float part[kMaxSplits];
 #pragma unroll
-      for (int q = 0; q < kMaxSplits; ++q)
-        part[q] = q < splits ? cluster.map_shared_rank(sm, base + q)[e] : 0.f;
-      float s = 0.f;
+    for (int r = 0; r < 2; ++r) {
+      const int e = lo + t + r * kThreads;
+      if (e < hi) opnd[r] = epilogue_operand(p, m0 + e / kQuadsPerRow, n0 + e % kQuadsPerRow * 4);
+    }
+  }
+  cluster_wait();
+  if (splits > 1) {
 #pragma unroll
-      for (int q = 0; q < kMaxSplits; ++q)
-        if (q < splits) s += part[q];
-      write(e / kTile, e % kTile, s);
+    for (int r = 0; r < 2; ++r) {
+      const int e = lo + t + r * kThreads;
+      if (e >= hi) continue;
+      // kInFlight partials read at a time (all 16 at once would hold 64 registers and cost the
+      // kernel a block an SM), added in split order.
+      float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int q0 = 0; q0 < kMaxSplits; q0 += kInFlight) {
+        float4 part[kInFlight];
+#pragma unroll
+        for (int q = 0; q < kInFlight; ++q)
+          if (q0 + q < splits) part[q] = cluster.map_shared_rank(reinterpret_cast<float4*>(sm), base + q0 + q)[e];
+#pragma unroll
+        for (int q = 0; q < kInFlight; ++q) {
+          if (q0 + q < splits) {
+            s.x += part[q].x;
+            s.y += part[q].y;
+            s.z += part[q].z;
+            s.w += part[q].w;
+          }
+        }
+      }
+      write_quad(p, m0 + e / kQuadsPerRow, n0 + e % kQuadsPerRow * 4, s, opnd[r]);
     }
     if (sums && split == 0 && t < kTile) {
       float s = 0.f;
@@ -221,17 +315,17 @@ __device__ __forceinline__ void sgemm_block(const SgemmArgs& p, int tile, int sp
       write_v(t, s);
     }
   }
-  cluster.sync();  // no block leaves while another still reads its shared memory
+  cluster_arrive(false);  // no block leaves while another still reads its shared memory
+  cluster_wait();
 #endif
 }
 
 // A block of a group launch's cluster that has no tile: it takes the cluster's two barriers.
 __device__ __forceinline__ void idle_block() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  cluster.sync();
-  cluster.sync();
-#endif
+  cluster_arrive(true);
+  cluster_wait();
+  cluster_arrive(false);
+  cluster_wait();
 }
 
 template <bool TA, bool TB>
