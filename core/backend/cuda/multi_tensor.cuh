@@ -383,9 +383,18 @@ template <int Depth>
 __device__ __forceinline__ void advance_counts_when_done(const TensorListMeta<Depth>& meta, unsigned int* done) {
   __syncthreads();  // every thread of this block is past its reads
   if (threadIdx.x != 0) return;
+  // Release: the block's reads of the counts (ordered by the barrier) happen before its increment;
+  // acquire: the last block's writes below come after every other block's increment (an
+  // acq_rel RMW, not __threadfence's sequentially consistent fences on both sides).
+  unsigned int prev = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], 1;" : "=r"(prev) : "l"(done) : "memory");
+#else
   __threadfence();
-  if (atomicAdd(done, 1u) != gridDim.x - 1) return;
-  __threadfence();  // every other block's reads happened before its increment
+  prev = atomicAdd(done, 1u);
+  __threadfence();
+#endif
+  if (prev != gridDim.x - 1) return;
   for (int t = 0; t < meta.num_tensors; ++t) {
     if (!((meta.last_chunk_here[t / 32] >> (t % 32)) & 1u)) continue;
     float* count = static_cast<float*>(meta.aux[t]);
