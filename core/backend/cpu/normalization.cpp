@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <tapegrad/core/backend/cpu/cpu.h>
+#include <tapegrad/core/backend/cpu/dispatch.h>
 #include <tapegrad/core/backend/cpu/thread_pool.h>
 #include <tapegrad/core/error.h>
 #include <tapegrad/core/philox.h>
@@ -15,35 +16,14 @@
 namespace tg::cpu {
 
 namespace {
-template <class F>
-void visit_float(DType dt, const char* op, F&& f) {
-  switch (dt) {
-    case kFloat32:
-      f(float{});
-      return;
-    case kFloat64:
-      f(double{});
-      return;
-    case kFloat16:
-      f(Half{});
-      return;
-    case kBFloat16:
-      f(BFloat16{});
-      return;
-    default:
-      TG_ERROR(op, ": expected a floating dtype, got ", dt);
-  }
-}
-template <class T>
-using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 constexpr int64_t kRowChunks = 64;  // fixed partial-sum chunks of the weight / bias gradients
 }  // namespace
 
 void norm_forward(const backend::NormArgs& a) {
-  visit_float(a.x.dtype(), a.rms ? "rms_norm" : "layer_norm", [&](auto tag) {
+  dispatch<Kinds::Float>(a.rms ? "rms_norm" : "layer_norm", a.x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    using A = acc_t<T>;
+    using A = opmath_t<T>;
     const T* x = static_cast<const T*>(a.x.data_ptr());
     const T* w = a.weight.defined() ? static_cast<const T*>(a.weight.data_ptr()) : nullptr;
     const T* b = a.bias.defined() ? static_cast<const T*>(a.bias.data_ptr()) : nullptr;
@@ -89,9 +69,9 @@ void norm_forward(const backend::NormArgs& a) {
 }
 
 void norm_backward(const backend::NormBackwardArgs& a) {
-  visit_float(a.x.dtype(), a.rms ? "rms_norm backward" : "layer_norm backward", [&](auto tag) {
+  dispatch<Kinds::Float>(a.rms ? "rms_norm backward" : "layer_norm backward", a.x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    using A = acc_t<T>;
+    using A = opmath_t<T>;
     const T* x = static_cast<const T*>(a.x.data_ptr());
     const T* g = static_cast<const T*>(a.grad_out.data_ptr());
     const T* w = a.weight.defined() ? static_cast<const T*>(a.weight.data_ptr()) : nullptr;
@@ -152,9 +132,9 @@ void norm_backward(const backend::NormBackwardArgs& a) {
 }
 
 void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Tensor& index, int64_t padding_idx) {
-  visit_float(grad.dtype(), "embedding backward", [&](auto tag) {
+  dispatch<Kinds::Float>("embedding backward", grad.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    using A = acc_t<T>;
+    using A = opmath_t<T>;
     const int64_t n = index.numel(), dim = grad.sizes()[1], num = grad_weight.sizes()[0];
     const bool is64 = index.dtype() == kInt64;
     const void* ip = index.data_ptr();
@@ -186,9 +166,9 @@ void embedding_backward(const Tensor& grad_weight, const Tensor& grad, const Ten
 }
 
 void dropout(const Tensor& out, const Tensor& x, double p, double scale, uint64_t seed, uint64_t offset) {
-  visit_float(x.dtype(), "dropout", [&](auto tag) {
+  dispatch<Kinds::Float>("dropout", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    using A = acc_t<T>;
+    using A = opmath_t<T>;
     const T* src = static_cast<const T*>(x.data_ptr());
     T* dst = static_cast<T*>(out.data_ptr());
     const float pf = static_cast<float>(p);

@@ -4,31 +4,18 @@
 #include <type_traits>
 
 #include <tapegrad/core/backend/cpu/cpu.h>
+#include <tapegrad/core/backend/cpu/dispatch.h>
 #include <tapegrad/core/backend/cpu/thread_pool.h>
 #include <tapegrad/core/backend/pool_window.h>
 #include <tapegrad/core/error.h>
 
 namespace tg::cpu {
 
-namespace {
-template <class F>
-void visit_pool_float(DType dt, const char* op, F&& f) {
-  switch (dt) {
-    case kFloat32: f(float{}); return;
-    case kFloat64: f(double{}); return;
-    case kFloat16: f(Half{}); return;
-    case kBFloat16: f(BFloat16{}); return;
-    default: TG_ERROR(op, ": expected a floating dtype, got ", dt);
-  }
-}
-template <class T>
-using pool_acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-}  // namespace
 
 void pool2d(const backend::Pool2dArgs& a, const Tensor& out, const Tensor& indices, const Tensor& x) {
-  visit_pool_float(x.dtype(), "pool2d", [&](auto tag) {
+  dispatch<Kinds::Float>("pool2d", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    using A = pool_acc_t<T>;
+    using A = opmath_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* op = static_cast<T*>(out.data_ptr());
     int64_t* ip = indices.defined() ? static_cast<int64_t*>(indices.data_ptr()) : nullptr;
@@ -51,9 +38,9 @@ void pool2d(const backend::Pool2dArgs& a, const Tensor& out, const Tensor& indic
 
 void pool2d_backward(const backend::Pool2dArgs& a, const Tensor& grad_in, const Tensor& grad_out,
                      const Tensor& indices) {
-  visit_pool_float(grad_out.dtype(), "pool2d backward", [&](auto tag) {
+  dispatch<Kinds::Float>("pool2d backward", grad_out.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    using A = pool_acc_t<T>;
+    using A = opmath_t<T>;
     const T* gp = static_cast<const T*>(grad_out.data_ptr());
     T* gi = static_cast<T*>(grad_in.data_ptr());
     const int64_t* ip = indices.defined() ? static_cast<const int64_t*>(indices.data_ptr()) : nullptr;

@@ -5,31 +5,18 @@
 #include <type_traits>
 
 #include <tapegrad/core/backend/cpu/cpu.h>
+#include <tapegrad/core/backend/cpu/dispatch.h>
 #include <tapegrad/core/backend/cpu/thread_pool.h>
 #include <tapegrad/core/backend/upsample_index.h>
 #include <tapegrad/core/error.h>
 
 namespace tg::cpu {
 
-namespace {
-template <class F>
-void visit_upsample_float(DType dt, const char* op, F&& f) {
-  switch (dt) {
-    case kFloat32: f(float{}); return;
-    case kFloat64: f(double{}); return;
-    case kFloat16: f(Half{}); return;
-    case kBFloat16: f(BFloat16{}); return;
-    default: TG_ERROR(op, ": expected a floating dtype, got ", dt);
-  }
-}
-template <class T>
-using upsample_acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-}  // namespace
 
 void upsample2d(const backend::Upsample2dArgs& a, const Tensor& out, const Tensor& x) {
-  visit_upsample_float(x.dtype(), "interpolate", [&](auto tag) {
+  dispatch<Kinds::Float>("interpolate", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    using A = upsample_acc_t<T>;
+    using A = opmath_t<T>;
     namespace up = backend::upsample;
     const auto ah = up::make_axis<A>(a, a.H, a.OH, a.scale_h), aw = up::make_axis<A>(a, a.W, a.OW, a.scale_w);
     const T* xp = static_cast<const T*>(x.data_ptr());
@@ -45,9 +32,9 @@ void upsample2d(const backend::Upsample2dArgs& a, const Tensor& out, const Tenso
 }
 
 void upsample2d_backward(const backend::Upsample2dArgs& a, const Tensor& grad_in, const Tensor& grad_out) {
-  visit_upsample_float(grad_out.dtype(), "interpolate backward", [&](auto tag) {
+  dispatch<Kinds::Float>("interpolate backward", grad_out.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    using A = upsample_acc_t<T>;
+    using A = opmath_t<T>;
     namespace up = backend::upsample;
     const auto ah = up::make_axis<A>(a, a.H, a.OH, a.scale_h), aw = up::make_axis<A>(a, a.W, a.OW, a.scale_w);
     const T* gp = static_cast<const T*>(grad_out.data_ptr());
