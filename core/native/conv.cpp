@@ -25,27 +25,35 @@ struct ConvProblem {
   bool batched = true;
 };
 
-ConvProblem check_conv(const char* op, int spatial, const Tensor& x, const Tensor& w, const Tensor& b,
-                       const ConvParams& p) {
+// What a convolution and its transpose check alike: operands, ranks, dtype, device, groups, stride,
+// dilation and padding. weight_dims: the weight's first two dimensions, as the message names them.
+void check_conv_operands(const char* op, int spatial, const Tensor& x, const Tensor& w, const ConvParams& p,
+                         const char* weight_dims) {
   TG_CHECK(x.defined() && w.defined(), op, ": input and weight must be defined");
   const int64_t sd = spatial;
   TG_CHECK(x.dim() == sd + 1 || x.dim() == sd + 2, op, ": expected a ", sd + 1, "-d (unbatched) or ", sd + 2,
            "-d (batched) input, got shape ", x.sizes());
-  TG_CHECK(w.dim() == sd + 2, op, ": expected a ", sd + 2, "-d weight [out_channels, in_channels / groups",
-           sd == 1 ? ", k" : ", kh, kw", "], got shape ", w.sizes());
+  TG_CHECK(w.dim() == sd + 2, op, ": expected a ", sd + 2, "-d weight [", weight_dims, sd == 1 ? ", k" : ", kh, kw",
+           "], got shape ", w.sizes());
   TG_CHECK(is_floating(x.dtype()), op, ": expected a floating input, got ", x.dtype());
   TG_CHECK(w.dtype() == x.dtype(), op, ": input of dtype ", x.dtype(), " but weight of dtype ", w.dtype(),
            " (expected one dtype)");
   TG_CHECK(w.device() == x.device(), op, ": input on ", x.device(), " but weight on ", w.device());
-  const int64_t g = p.groups;
-  TG_CHECK(g >= 1, op, ": groups must be >= 1, got ", g);
+  TG_CHECK(p.groups >= 1, op, ": groups must be >= 1, got ", p.groups);
   for (int d = 0; d < 2; ++d) {
     TG_CHECK(p.stride[d] >= 1, op, ": stride must be >= 1, got ", p.stride[d]);
     TG_CHECK(p.dilation[d] >= 1, op, ": dilation must be >= 1, got ", p.dilation[d]);
     TG_CHECK(p.padding[d] >= 0, op, ": padding must be >= 0, got ", p.padding[d]);
+  }
+}
+
+ConvProblem check_conv(const char* op, int spatial, const Tensor& x, const Tensor& w, const Tensor& b,
+                       const ConvParams& p) {
+  check_conv_operands(op, spatial, x, w, p, "out_channels, in_channels / groups");
+  const int64_t sd = spatial, g = p.groups;
+  for (int d = 0; d < 2; ++d)
     TG_CHECK(!p.same || p.stride[d] == 1, op, ": padding='same' is not supported for strided convolutions (stride ",
              p.stride[d], ")");
-  }
   ConvProblem r;
   r.batched = x.dim() == sd + 2;
   const Shape& xs = x.sizes();
@@ -229,22 +237,9 @@ struct ConvTProblem {
 ConvTProblem check_conv_transpose(const char* op, int spatial, const Tensor& x, const Tensor& w, const Tensor& b,
                                   const ConvTransposeParams& tp) {
   const ConvParams& p = tp.conv;
-  TG_CHECK(x.defined() && w.defined(), op, ": input and weight must be defined");
-  const int64_t sd = spatial;
-  TG_CHECK(x.dim() == sd + 1 || x.dim() == sd + 2, op, ": expected a ", sd + 1, "-d (unbatched) or ", sd + 2,
-           "-d (batched) input, got shape ", x.sizes());
-  TG_CHECK(w.dim() == sd + 2, op, ": expected a ", sd + 2, "-d weight [in_channels, out_channels / groups",
-           sd == 1 ? ", k" : ", kh, kw", "], got shape ", w.sizes());
-  TG_CHECK(is_floating(x.dtype()), op, ": expected a floating input, got ", x.dtype());
-  TG_CHECK(w.dtype() == x.dtype(), op, ": input of dtype ", x.dtype(), " but weight of dtype ", w.dtype(),
-           " (expected one dtype)");
-  TG_CHECK(w.device() == x.device(), op, ": input on ", x.device(), " but weight on ", w.device());
-  const int64_t g = p.groups;
-  TG_CHECK(g >= 1, op, ": groups must be >= 1, got ", g);
+  check_conv_operands(op, spatial, x, w, p, "in_channels, out_channels / groups");
+  const int64_t sd = spatial, g = p.groups;
   for (int d = 0; d < 2; ++d) {
-    TG_CHECK(p.stride[d] >= 1, op, ": stride must be >= 1, got ", p.stride[d]);
-    TG_CHECK(p.dilation[d] >= 1, op, ": dilation must be >= 1, got ", p.dilation[d]);
-    TG_CHECK(p.padding[d] >= 0, op, ": padding must be >= 0, got ", p.padding[d]);
     TG_CHECK(tp.output_padding[d] >= 0, op, ": output_padding must be >= 0, got ", tp.output_padding[d]);
     TG_CHECK(tp.output_padding[d] < p.stride[d] || tp.output_padding[d] < p.dilation[d], op,
              ": output padding must be smaller than either stride or dilation, got output_padding ",
