@@ -38,16 +38,23 @@ std::ostream& operator<<(std::ostream& os, const GradcheckReport& r) {
   return os << "}";
 }
 
-GradcheckReport gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
-                          const std::vector<Tensor>& inputs, GradcheckOptions options) {
-  // Which inputs to differentiate: those that require grad, else every floating one.
+namespace {
+// Which inputs to differentiate: those that require grad, else every floating one.
+std::vector<size_t> inputs_to_differentiate(const std::vector<Tensor>& inputs, const char* op) {
   std::vector<size_t> diff;
   for (size_t i = 0; i < inputs.size(); ++i)
     if (requires_grad(inputs[i])) diff.push_back(i);
   if (diff.empty())
     for (size_t i = 0; i < inputs.size(); ++i)
       if (inputs[i].defined() && is_floating(inputs[i].dtype())) diff.push_back(i);
-  TG_CHECK(!diff.empty(), "gradcheck: none of the ", inputs.size(), " inputs is a floating tensor to differentiate");
+  TG_CHECK(!diff.empty(), op, ": none of the ", inputs.size(), " inputs is a floating tensor to differentiate");
+  return diff;
+}
+}  // namespace
+
+GradcheckReport gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                          const std::vector<Tensor>& inputs, GradcheckOptions options) {
+  const std::vector<size_t> diff = inputs_to_differentiate(inputs, "gradcheck");
 
   // Private float64 copies (never the caller's memory: they get perturbed).
   std::vector<Tensor> xs = inputs;
@@ -128,13 +135,7 @@ namespace tg::autograd {
 
 GradcheckReport gradgradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
                               const std::vector<Tensor>& inputs, GradcheckOptions options) {
-  std::vector<size_t> diff;
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (requires_grad(inputs[i])) diff.push_back(i);
-  if (diff.empty())
-    for (size_t i = 0; i < inputs.size(); ++i)
-      if (inputs[i].defined() && is_floating(inputs[i].dtype())) diff.push_back(i);
-  TG_CHECK(!diff.empty(), "gradgradcheck: none of the ", inputs.size(), " inputs is a floating tensor to differentiate");
+  const std::vector<size_t> diff = inputs_to_differentiate(inputs, "gradgradcheck");
 
   // float64 copies of the differentiated inputs, and u, the direction the first gradient is taken
   // along (grad_outputs), shaped as fn's output.
