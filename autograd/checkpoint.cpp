@@ -55,7 +55,7 @@ class EnableGrad {
 };
 
 std::vector<Tensor> recompute_backward(const Fn& fn, const native::RngState* rng, const AutocastState& ac,
-                                       autograd::AutogradContext* ctx, const std::vector<Tensor>& grads) {
+                                       autograd::AutogradContext* ctx, std::vector<Tensor> grads) {
   TG_CHECK(!autograd::in_grad_call(),
            "checkpoint: its backward writes the .grad() of the parameters the segment uses, so it cannot run under "
            "tg::autograd::grad; use backward()");
@@ -85,10 +85,15 @@ std::vector<Tensor> recompute_backward(const Fn& fn, const native::RngState* rng
     TG_CHECK(outs[k].sizes() == grads[k].sizes() && outs[k].dtype() == grads[k].dtype(), "checkpoint: recomputed output ",
              k, " has shape ", outs[k].sizes(), " and dtype ", outs[k].dtype(), ", the forward's had ", grads[k].sizes(),
              " and ", grads[k].dtype(), " (fn must do the same on every call)");
-    roots.push_back(outs[k]);
-    root_grads.push_back(grads[k]);
+    roots.push_back(std::move(outs[k]));
+    root_grads.push_back(std::move(grads[k]));
   }
-  if (!roots.empty()) autograd::backward(roots, root_grads);
+  // Nothing here keeps the recomputed outputs or the incoming gradients during the pass: an output's
+  // value is read by no backward, and each gradient goes once the node it enters has run (the
+  // segment's peak is then its saved activations plus the pass's own transients).
+  outs = {};
+  grads = {};
+  if (!roots.empty()) autograd::detail::backward_releasing(std::move(roots), std::move(root_grads));
   std::vector<Tensor> result(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i)
     if (ctx->needs_input_grad(i)) result[i] = inputs[i].grad();
@@ -117,7 +122,7 @@ std::vector<Tensor> checkpoint(Fn fn, const std::vector<Tensor>& inputs, Checkpo
   return autograd::detail::record_custom(
       "checkpoint", std::move(ctx), inputs, std::vector<bool>(inputs.size(), true), std::move(outs),
       [shared_fn, rng, ac](autograd::AutogradContext* c, std::vector<Tensor> grads) {
-        return recompute_backward(*shared_fn, rng.get(), ac, c, grads);
+        return recompute_backward(*shared_fn, rng.get(), ac, c, std::move(grads));
       },
       /*differentiable=*/false);  // the recompute's nested backward records nothing
 }

@@ -195,9 +195,11 @@ class RunningGuard {
 
 // Runs the reverse pass. With `inputs` (tg::autograd::grad), the gradients
 // reaching them are returned and no leaf's .grad() is touched.
-std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads,
-                                 bool retain_graph, bool create_graph, const std::vector<Tensor>* inputs,
-                                 const char* op) {
+// The pass owns `roots` and `root_grads` and drops them once it has their edges: what keeps a root's
+// value or its gradient alive during the pass is the caller's reference (none for
+// detail::backward_releasing) or a node that saved it.
+std::vector<Tensor> run_backward(std::vector<Tensor> roots, std::vector<Tensor> root_grads, bool retain_graph,
+                                 bool create_graph, const std::vector<Tensor>* inputs, const char* op) {
   BackwardMode mode(create_graph);
   struct CallKind {  // for in_grad_call(), restored after a nested backward (utils::checkpoint)
     bool prev = t_in_grad_call;
@@ -216,7 +218,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
     TG_CHECK(r.defined(), op, ": output ", i, " is an undefined tensor");
     TG_CHECK(requires_grad(r), op, ": the tensor of shape ", r.sizes(),
              " does not require grad and has no grad_fn (did it come from leaves with requires_grad_()?)");
-    Tensor g = root_grads.empty() ? Tensor() : root_grads[i];
+    Tensor g = root_grads.empty() ? Tensor() : std::move(root_grads[i]);
     if (!g.defined()) {
       TG_CHECK(r.numel() == 1, op, ": grad can be implicitly created only for scalar outputs; the output has shape ",
                r.sizes(), ", pass a gradient of that shape");
@@ -228,6 +230,8 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
     }
     starts.emplace_back(gradient_edge(r), std::move(g));
   }
+  roots = {};
+  root_grads = {};
 
   // ---- dependency counts over the reachable graph (iterative DFS)
   std::unordered_map<Node*, int> deps;
@@ -427,6 +431,10 @@ uint64_t absorbed_node_count() { return t_absorbed_count; }
 
 void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, bool retain_graph) {
   run_backward(outputs, grad_outputs, retain_graph, false, nullptr, "autograd::backward");
+}
+
+void detail::backward_releasing(std::vector<Tensor>&& outputs, std::vector<Tensor>&& grad_outputs) {
+  run_backward(std::move(outputs), std::move(grad_outputs), false, false, nullptr, "autograd::backward");
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
