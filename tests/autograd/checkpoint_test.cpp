@@ -1,12 +1,14 @@
 // tg::utils::checkpoint: the forward keeps no activations and records one node; backward
 // recomputes with the forward's random generators and autocast state, so the gradients of a
 // Linear + GELU + Dropout stack are bit-identical to an uncheckpointed run, on each device. A
-// closed form checks the values; the CUDA case also compares peak memory.
+// closed form checks the values; the peak-memory cases count activations kept by each variant.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <tapegrad/core/backend/cpu/cpu.h>
 
 #include "tests/autograd/common.h"
 #include "tests/common/error_of.h"
@@ -234,19 +236,37 @@ TEST(CheckpointCuda, PeakMemoryIsLower) {
   EXPECT_LT(ckpt, plain - 4 * act_bytes);
 }
 
-// Issue 14's memory target, measured: 8 blocks of Linear(4096, 4096) + GELU + Dropout at batch 4096,
-// peak allocated above the baseline (parameters, their gradients, the input) with and without
-// checkpointing each block, and each pair of blocks. A plain block keeps two activations (Linear's
-// input, GELU's input: 2 x 64 MiB); a checkpointed one keeps its input only, so the stack keeps 8
-// instead of 16 activations, plus one block's (or pair's) recompute and the backward's transients.
-// The issue asks for >= 3x; with per-block inputs kept that bound is about 2x (see the printout).
-TEST(CheckpointCuda, PeakMemoryOfDeepStackIssueTarget) {
-  if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+// Peak allocated above the baseline while fn runs: the host allocator's counters on the CPU,
+// max_memory_allocated on CUDA. In activations of act_bytes.
+template <class Fn>
+double peak_in_activations(Device dev, int64_t act_bytes, Fn&& fn) {
+  const bool cuda = dev.type() == kCUDA;
+  if (cuda) tg::cuda::synchronize();
+  const int64_t base = static_cast<int64_t>(cuda ? tg::cuda::memory_allocated() : tg::cpu::allocated_bytes());
+  if (cuda)
+    tg::cuda::reset_peak_memory_stats();
+  else
+    tg::cpu::reset_peak_allocated_bytes();
+  fn();
+  if (cuda) tg::cuda::synchronize();
+  const int64_t peak = static_cast<int64_t>(cuda ? tg::cuda::max_memory_allocated() : tg::cpu::max_allocated_bytes());
+  return static_cast<double>(peak - base) / static_cast<double>(act_bytes);
+}
+
+// Issue 14's memory stack: 8 blocks of Linear(d, d) + GELU + Dropout at batch d (so a weight
+// gradient is one activation too), peak allocated above the baseline (parameters, their
+// gradients, the input) with and without checkpointing each block, and each pair of blocks, in
+// activations. A plain block keeps two activations (Linear's input, GELU's input); a
+// checkpointed one keeps its input only, so the stack keeps 8 instead of 16, plus one block's (or
+// pair's) recompute and the backward's transients.
+struct StackPeaks {
+  double plain, per_block, per_pair;
+};
+StackPeaks deep_stack_peaks(Device dev, int64_t d) {
   const int depth = 8;
-  const int64_t d = 4096, batch = 4096;
-  const double act_mib = static_cast<double>(batch * d * 4) / 1048576.0;
-  auto blocks = make_blocks(depth, d, Device(kCUDA));
-  auto x = tg::randn({batch, d}, kCUDA);
+  const int64_t act_bytes = d * d * 4;
+  auto blocks = make_blocks(depth, d, dev);
+  auto x = tg::randn({d, d}, dev);
   auto run = [&](int segment) {  // segment 0: plain; else blocks per checkpoint
     for (auto& b : blocks) b->zero_grad();
     Tensor h = x;
@@ -263,29 +283,50 @@ TEST(CheckpointCuda, PeakMemoryOfDeepStackIssueTarget) {
             {h});
       }
     }
-    (h * h).mean().backward();
-  };
-  auto peak = [&](int segment) {
-    tg::cuda::synchronize();
-    const int64_t base = static_cast<int64_t>(tg::cuda::memory_allocated());
-    tg::cuda::reset_peak_memory_stats();
-    run(segment);
-    tg::cuda::synchronize();
-    return static_cast<double>(static_cast<int64_t>(tg::cuda::max_memory_allocated()) - base) / 1048576.0;
+    // As a separate statement: a temporary h * h would live to the end of a one-line
+    // `(h * h).mean().backward()`, one activation more held through the whole backward.
+    Tensor loss = (h * h).mean();
+    loss.backward();
   };
   run(0);  // warm-up: gradients allocated, kernels and cuBLAS workspaces set up
-  const double plain = peak(0), per_block = peak(1), per_pair = peak(2);
-  std::printf("8 x (Linear 4096 + GELU + Dropout), batch 4096, one activation %.0f MiB: peak above baseline\n"
-              "  plain %.0f MiB, checkpoint per block %.0f MiB (%.2fx less), per 2 blocks %.0f MiB (%.2fx less);"
+  StackPeaks p{};
+  p.plain = peak_in_activations(dev, act_bytes, [&] { run(0); });
+  p.per_block = peak_in_activations(dev, act_bytes, [&] { run(1); });
+  p.per_pair = peak_in_activations(dev, act_bytes, [&] { run(2); });
+  std::printf("8 x (Linear %lld + GELU + Dropout), batch %lld on %s, one activation %.2f MiB: peak above baseline\n"
+              "  plain %.2f activations, checkpoint per block %.2f (%.2fx less), per 2 blocks %.2f (%.2fx less);"
               " issue target 3x: %s\n",
-              act_mib, plain, per_block, plain / per_block, per_pair, plain / per_pair,
-              std::max(plain / per_block, plain / per_pair) >= 3 ? "met" : "not met");
-  // Measured on the H200 (2026-12-03): plain 768 MiB (12 activations at the peak), per block 384 MiB
-  // (2.00x less), per pair 448 MiB (1.71x less). What checkpointing must save at least: 5 (per block)
-  // and 4 (per pair) activations of the plain run's peak.
-  EXPECT_GT(plain, 10 * act_mib);
-  EXPECT_LT(per_block, plain - 5 * act_mib);
-  EXPECT_LT(per_pair, plain - 4 * act_mib);
+              static_cast<long long>(d), static_cast<long long>(d), dev.str().c_str(), act_bytes / 1048576.0, p.plain,
+              p.per_block, p.plain / p.per_block, p.per_pair, p.plain / p.per_pair,
+              std::max(p.plain / p.per_block, p.plain / p.per_pair) >= 3 ? "met" : "not met");
+  return p;
+}
+
+// The accounting of the stack on the host allocator, which frees as the engine drops (no
+// workspaces, no rounding at these sizes): what the CUDA figure below must show too. Measured
+// (2026-12-07): plain 11 activations (16 saved, less the 8 old gradients zero_grad frees, plus the
+// loss's backward: 3), per block 4 (the 8 kept inputs and 8 new gradients cancel the freed ones;
+// the segment's recompute holds the incoming gradient, Linear's output z, GELU's output and the
+// Dropout's output at once: 2.75x), per pair 5 (2.2x). The issue's 3x needs the recompute to stop
+// once the saved tensors are back (PyTorch's early stop: no Dropout rerun, peak 3): NOTES.md.
+TEST(CheckpointCpu, PeakMemoryOfDeepStackInActivations) {
+  const StackPeaks p = deep_stack_peaks(Device(kCPU), 256);
+  EXPECT_GT(p.plain, 10.5);
+  EXPECT_LT(p.per_block, 4.5);
+  EXPECT_LT(p.per_pair, 5.5);
+}
+
+// Issue 14's memory target, measured: the stack above at d = batch = 4096 (one activation 64 MiB).
+TEST(CheckpointCuda, PeakMemoryOfDeepStackIssueTarget) {
+  if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const StackPeaks p = deep_stack_peaks(Device(kCUDA), 4096);
+  // Measured on the H200 (2026-12-03), before the nested backward released its roots and with the
+  // loss's h * h held through backward: plain 768 MiB (12 activations), per block 384 MiB (6),
+  // per pair 448 MiB (7). Today's accounting (the CPU test above: 11 / 4 / 5), not yet read on a
+  // GPU, with one activation of slack for the device's allocator.
+  EXPECT_GT(p.plain, 10);
+  EXPECT_LT(p.per_block, p.plain - 6);
+  EXPECT_LT(p.per_pair, p.plain - 5);
 }
 
 }  // namespace

@@ -20,6 +20,10 @@ void register_host_allocator();
 void release_cached();
 size_t cached_bytes();     // free blocks held in the cache
 size_t allocated_bytes();  // blocks currently handed out
+// The most allocated_bytes() has been since reset_peak_allocated_bytes() (or the start): the host's
+// max_memory_allocated, for tests that account for what a graph keeps alive (checkpointing).
+size_t max_allocated_bytes();
+void reset_peak_allocated_bytes();  // to allocated_bytes() now
 // Cap on cached bytes (default 1 GiB, or TG_CPU_CACHE_MB); blocks freed beyond it go back to the system.
 void set_cache_limit(size_t bytes);
 // Cap on bytes in use (0, the default, or TG_CPU_MEMORY_LIMIT_MB: none): a request that would

@@ -86,7 +86,10 @@ class HostAllocator final : public Allocator {
                " bytes in use)");
     }
     *static_cast<size_t*>(base) = size;
-    allocated_ += size;
+    const size_t now = allocated_ += size;
+    size_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
     char* data = static_cast<char*>(base) + kHeader;
     return DataPtr(data, base, &HostAllocator::free_block, Device(kCPU));
   }
@@ -107,6 +110,8 @@ class HostAllocator final : public Allocator {
     return cached_;
   }
   size_t allocated() const { return allocated_.load(); }
+  size_t peak() const { return peak_.load(); }
+  void reset_peak() { peak_.store(allocated_.load()); }
   void set_limit(size_t bytes) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -142,6 +147,7 @@ class HostAllocator final : public Allocator {
   size_t cached_ = 0;
   size_t limit_ = initial_limit();
   std::atomic<size_t> allocated_{0};
+  std::atomic<size_t> peak_{0};  // the most allocated_ has been since the last reset_peak
 };
 
 // Never destroyed, so tensors freed by late static destructors still find it.
@@ -164,6 +170,8 @@ void register_host_allocator() {
 void release_cached() { HostAllocator::instance().release_cached(); }
 size_t cached_bytes() { return HostAllocator::instance().cached(); }
 size_t allocated_bytes() { return HostAllocator::instance().allocated(); }
+size_t max_allocated_bytes() { return HostAllocator::instance().peak(); }
+void reset_peak_allocated_bytes() { HostAllocator::instance().reset_peak(); }
 void set_cache_limit(size_t bytes) { HostAllocator::instance().set_limit(bytes); }
 void set_memory_limit(size_t bytes) { g_memory_limit.store(bytes); }
 size_t memory_limit() { return g_memory_limit.load(); }
