@@ -210,32 +210,6 @@ TEST_P(CheckpointBlocks, AutocastStateIsReplayed) {
 
 INSTANTIATE_TEST_SUITE_P(Devices, CheckpointBlocks, ::testing::Values(Dev::CPU, Dev::CUDA), dev_name);
 
-// Peak CUDA memory: a plain run keeps every block's activations until backward; a checkpointed
-// one keeps only the blocks' inputs, plus one block's activations while it is recomputed.
-TEST(CheckpointCuda, PeakMemoryIsLower) {
-  if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const int depth = 16;
-  const int64_t d = 512, batch = 8192;
-  const int64_t act_bytes = batch * d * 4;
-  auto blocks = make_blocks(depth, d, Device(kCUDA));
-  auto x = tg::randn({batch, d}, kCUDA);
-  auto peak = [&](bool ckpt) {
-    tg::cuda::synchronize();
-    const int64_t base = static_cast<int64_t>(tg::cuda::memory_allocated());
-    tg::cuda::reset_peak_memory_stats();
-    run_blocks(blocks, x, ckpt);
-    tg::cuda::synchronize();
-    return static_cast<int64_t>(tg::cuda::max_memory_allocated()) - base;
-  };
-  peak(false);  // warm-up: gradients allocated, kernels loaded
-  const int64_t plain = peak(false);
-  const int64_t ckpt = peak(true);
-  std::printf("peak above baseline: plain %.1f MiB, checkpoint %.1f MiB (one activation %.1f MiB)\n",
-              plain / 1048576.0, ckpt / 1048576.0, act_bytes / 1048576.0);
-  // Each block saves two activations plainly (Linear's input, GELU's input) and one checkpointed.
-  EXPECT_LT(ckpt, plain - 4 * act_bytes);
-}
-
 // Peak allocated above the baseline while fn runs: the host allocator's counters on the CPU,
 // max_memory_allocated on CUDA. In activations of act_bytes.
 template <class Fn>
@@ -251,6 +225,26 @@ double peak_in_activations(Device dev, int64_t act_bytes, Fn&& fn) {
   if (cuda) tg::cuda::synchronize();
   const int64_t peak = static_cast<int64_t>(cuda ? tg::cuda::max_memory_allocated() : tg::cpu::max_allocated_bytes());
   return static_cast<double>(peak - base) / static_cast<double>(act_bytes);
+}
+
+// Peak CUDA memory: a plain run keeps every block's activations until backward; a checkpointed
+// one keeps only the blocks' inputs, plus one block's activations while it is recomputed.
+TEST(CheckpointCuda, PeakMemoryIsLower) {
+  if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const int depth = 16;
+  const int64_t d = 512, batch = 8192;
+  const int64_t act_bytes = batch * d * 4;
+  auto blocks = make_blocks(depth, d, Device(kCUDA));
+  auto x = tg::randn({batch, d}, kCUDA);
+  auto peak = [&](bool ckpt) {
+    return peak_in_activations(Device(kCUDA), act_bytes, [&] { run_blocks(blocks, x, ckpt); });
+  };
+  peak(false);  // warm-up: gradients allocated, kernels loaded
+  const double plain = peak(false), ckpt = peak(true);
+  std::printf("peak above baseline: plain %.2f, checkpoint %.2f activations (one %.1f MiB)\n", plain, ckpt,
+              act_bytes / 1048576.0);
+  // Each block saves two activations plainly (Linear's input, GELU's input) and one checkpointed.
+  EXPECT_LT(ckpt, plain - 4);
 }
 
 // Issue 14's memory stack: 8 blocks of Linear(d, d) + GELU + Dropout at batch d (so a weight
@@ -293,12 +287,13 @@ StackPeaks deep_stack_peaks(Device dev, int64_t d) {
   p.plain = peak_in_activations(dev, act_bytes, [&] { run(0); });
   p.per_block = peak_in_activations(dev, act_bytes, [&] { run(1); });
   p.per_pair = peak_in_activations(dev, act_bytes, [&] { run(2); });
-  std::printf("8 x (Linear %lld + GELU + Dropout), batch %lld on %s, one activation %.2f MiB: peak above baseline\n"
-              "  plain %.2f activations, checkpoint per block %.2f (%.2fx less), per 2 blocks %.2f (%.2fx less);"
-              " issue target 3x: %s\n",
-              static_cast<long long>(d), static_cast<long long>(d), dev.str().c_str(), act_bytes / 1048576.0, p.plain,
-              p.per_block, p.plain / p.per_block, p.per_pair, p.plain / p.per_pair,
-              std::max(p.plain / p.per_block, p.plain / p.per_pair) >= 3 ? "met" : "not met");
+  std::printf(
+      "8 x (Linear %lld + GELU + Dropout), batch %lld on %s, one activation %.2f MiB: peak above baseline\n"
+      "  plain %.2f activations, checkpoint per block %.2f (%.2fx less), per 2 blocks %.2f (%.2fx less);"
+      " issue target 3x: %s\n",
+      static_cast<long long>(d), static_cast<long long>(d), dev.str().c_str(), act_bytes / 1048576.0, p.plain,
+      p.per_block, p.plain / p.per_block, p.per_pair, p.plain / p.per_pair,
+      std::max(p.plain / p.per_block, p.plain / p.per_pair) >= 3 ? "met" : "not met");
   return p;
 }
 
