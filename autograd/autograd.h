@@ -155,10 +155,6 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
               bool retain_graph = false);
 
 namespace detail {
-// backward() that takes the outputs and their gradients over and drops them as the pass starts, so
-// an output's value and its incoming gradient are freed as soon as no node needs them
-// (utils::checkpoint's recompute: its outputs' values are read by no backward).
-void backward_releasing(std::vector<Tensor>&& outputs, std::vector<Tensor>&& grad_outputs);
 bool check_inplace_recorded(const Tensor& self, const char* op, std::initializer_list<const Tensor*> others);
 }  // namespace detail
 // Called by the in-place ops (add_, mul_, ...) before they write: true when the op must be

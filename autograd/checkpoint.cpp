@@ -1,6 +1,9 @@
-// tg::utils::checkpoint (autograd/checkpoint.h): a custom-function node whose backward
-// recomputes the segment with the forward's generator and autocast state and backpropagates
-// through it with a nested backward.
+// tg::utils::checkpoint (autograd/checkpoint.h), torch.utils.checkpoint's non-reentrant form: the
+// forward records the segment's nodes as usual, but every tensor they save goes into a slot of
+// one recompute frame (a SavedTensorHook) instead of the node. The first slot that backward
+// unpacks reruns fn, with the forward's generators and autocast state, until the last slot still
+// needed is filled, and stops there: the ops after it (a block's trailing Dropout) never rerun.
+// The nodes then run their own backward closures on the refilled values, in the outer pass.
 #include <tapegrad/autograd/checkpoint.h>
 
 #include <memory>
@@ -8,7 +11,6 @@
 #include <utility>
 
 #include <tapegrad/amp/autocast.h>
-#include <tapegrad/autograd/custom_function.h>
 #include <tapegrad/autograd/function.h>
 
 namespace tg::utils {
@@ -54,77 +56,147 @@ class EnableGrad {
   bool prev_;
 };
 
-std::vector<Tensor> recompute_backward(const Fn& fn, const native::RngState* rng, const AutocastState& ac,
-                                       autograd::AutogradContext* ctx, std::vector<Tensor> grads) {
-  TG_CHECK(!autograd::in_grad_call(),
-           "checkpoint: its backward writes the .grad() of the parameters the segment uses, so it cannot run under "
-           "tg::autograd::grad; use backward()");
-  const std::vector<Tensor> saved = ctx->saved_tensors();
-  std::vector<Tensor> inputs(saved.size());
-  for (size_t i = 0; i < saved.size(); ++i) {
-    if (!saved[i].defined()) continue;
-    inputs[i] = autograd::alias(saved[i]);
-    if (ctx->needs_input_grad(i)) inputs[i].requires_grad_();
+// Thrown by the recompute's hook once the last needed slot is filled; not a tg::Error, so that
+// nothing between fn's ops and the frame takes it for a failure.
+struct StopRecompute {};
+
+struct Frame;
+
+// One tensor the segment saved: its forward shape, dtype and device, and the recomputed value.
+struct Slot final : autograd::PackedTensor {
+  std::shared_ptr<Frame> frame;
+  Shape sizes;
+  DType dtype;
+  Device device;
+  Tensor data;
+  uint32_t version = 0;
+  bool filled = false;
+  Tensor unpack() override;
+};
+
+struct Frame {
+  std::shared_ptr<Fn> fn;
+  std::vector<autograd::SavedTensor> inputs;  // with the in-place check
+  std::vector<bool> input_requires_grad;
+  std::shared_ptr<native::RngState> rng;  // null without preserve_rng_state
+  AutocastState autocast;
+  std::vector<std::weak_ptr<Slot>> slots;  // in save order; expired once its node is released
+  bool recomputing = false;
+  void recompute();
+};
+
+// The forward's hook: each save becomes a new slot of the frame.
+class Pack final : public autograd::SavedTensorHook {
+ public:
+  explicit Pack(std::shared_ptr<Frame> frame) : frame_(std::move(frame)) {}
+  std::shared_ptr<autograd::PackedTensor> pack(const Tensor& t) override {
+    auto s = std::make_shared<Slot>();
+    s->frame = frame_;
+    s->sizes = t.sizes();
+    s->dtype = t.dtype();
+    s->device = t.device();
+    frame_->slots.push_back(s);
+    return s;
   }
-  std::vector<Tensor> outs;
+
+ private:
+  std::shared_ptr<Frame> frame_;
+};
+
+// The recompute's hook: the k-th save fills the forward's k-th slot (when still needed); the
+// recompute's own nodes keep nothing, and stop_at saves end it.
+class Fill final : public autograd::SavedTensorHook {
+ public:
+  Fill(Frame& frame, size_t stop_at) : frame_(frame), stop_at_(stop_at) {}
+  std::shared_ptr<autograd::PackedTensor> pack(const Tensor& t) override {
+    const size_t k = count_++;
+    TG_CHECK(k < frame_.slots.size(), "checkpoint: the recompute saved more tensors for backward than the forward's ",
+             frame_.slots.size(), " (fn must do the same on every call)");
+    if (auto s = frame_.slots[k].lock(); s && !s->filled) {
+      TG_CHECK(t.sizes() == s->sizes && t.dtype() == s->dtype && t.device() == s->device, "checkpoint: saved tensor ",
+               k, " was recomputed with shape ", t.sizes(), ", ", t.dtype(), " on ", t.device(), "; the forward's had ",
+               s->sizes, ", ", s->dtype, " on ", s->device, " (fn must do the same on every call)");
+      s->data = autograd::alias(t);
+      s->version = t.version();
+      s->filled = true;
+    }
+    if (count_ == stop_at_) throw StopRecompute{};
+    return nullptr;
+  }
+  size_t count() const { return count_; }
+
+ private:
+  Frame& frame_;
+  size_t stop_at_;
+  size_t count_ = 0;
+};
+
+void Frame::recompute() {
+  size_t stop_at = 0;  // one past the last slot a node still holds and that is not yet filled
+  for (size_t k = 0; k < slots.size(); ++k)
+    if (auto s = slots[k].lock(); s && !s->filled) stop_at = k + 1;
+  if (stop_at == 0) return;
+  TG_CHECK(!recomputing, "checkpoint: backward of the segment was asked for while fn was being recomputed");
+  recomputing = true;
+  struct Done {
+    bool& flag;
+    ~Done() { flag = false; }
+  } done{recomputing};
+  std::vector<Tensor> in(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    in[i] = inputs[i].unpack();  // a tg::Error naming checkpoint when an input was modified in place
+    if (!in[i].defined()) continue;
+    in[i] = autograd::alias(in[i]);
+    if (input_requires_grad[i]) in[i].requires_grad_();
+  }
+  Fill fill(*this, stop_at);
+  bool stopped = false;
   {
-    RngReplay replay(rng);
+    RngReplay replay(rng.get());
     EnableGrad grad_on;
     const AutocastState now = AutocastState::now();
     std::optional<amp::Autocast> cpu_ac, cuda_ac;  // only where the state differs from the forward's
-    if (now.enabled[0] != ac.enabled[0] || now.dtype[0] != ac.dtype[0]) cpu_ac.emplace(kCPU, ac.dtype[0], ac.enabled[0]);
-    if (now.enabled[1] != ac.enabled[1] || now.dtype[1] != ac.dtype[1])
-      cuda_ac.emplace(kCUDA, ac.dtype[1], ac.enabled[1]);
-    outs = fn(inputs);
+    if (now.enabled[0] != autocast.enabled[0] || now.dtype[0] != autocast.dtype[0])
+      cpu_ac.emplace(kCPU, autocast.dtype[0], autocast.enabled[0]);
+    if (now.enabled[1] != autocast.enabled[1] || now.dtype[1] != autocast.dtype[1])
+      cuda_ac.emplace(kCUDA, autocast.dtype[1], autocast.enabled[1]);
+    autograd::SavedTensorHookGuard hook(&fill);
+    try {
+      (void)(*fn)(in);
+    } catch (const StopRecompute&) {
+      stopped = true;
+    }
   }
-  TG_CHECK(outs.size() == grads.size(), "checkpoint: the recompute returned ", outs.size(),
-           " outputs but the forward returned ", grads.size(), " (fn must do the same on every call)");
-  std::vector<Tensor> roots, root_grads;
-  for (size_t k = 0; k < outs.size(); ++k) {
-    if (!outs[k].defined() || !outs[k].requires_grad() || !grads[k].defined()) continue;
-    TG_CHECK(outs[k].sizes() == grads[k].sizes() && outs[k].dtype() == grads[k].dtype(), "checkpoint: recomputed output ",
-             k, " has shape ", outs[k].sizes(), " and dtype ", outs[k].dtype(), ", the forward's had ", grads[k].sizes(),
-             " and ", grads[k].dtype(), " (fn must do the same on every call)");
-    roots.push_back(std::move(outs[k]));
-    root_grads.push_back(std::move(grads[k]));
-  }
-  // Nothing here keeps the recomputed outputs or the incoming gradients during the pass: an output's
-  // value is read by no backward, and each gradient goes once the node it enters has run (the
-  // segment's peak is then its saved activations plus the pass's own transients).
-  outs = {};
-  grads = {};
-  if (!roots.empty()) autograd::detail::backward_releasing(std::move(roots), std::move(root_grads));
-  std::vector<Tensor> result(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (ctx->needs_input_grad(i)) result[i] = inputs[i].grad();
-  return result;
+  TG_CHECK(stopped, "checkpoint: the recompute saved ", fill.count(), " tensors for backward, the forward ",
+           slots.size(), " (fn must do the same on every call)");
+}
+
+Tensor Slot::unpack() {
+  if (!filled) frame->recompute();
+  TG_CHECK(filled, "checkpoint: a saved tensor of the segment was not recomputed");
+  TG_CHECK(data.version() == version, "checkpoint: a recomputed tensor saved for backward (shape ", data.sizes(),
+           ") was modified in place later in the segment (version ", data.version(), ", expected ", version,
+           "): one of the variables needed for gradient computation has been modified by an inplace operation");
+  return data;
 }
 }  // namespace
 
 std::vector<Tensor> checkpoint(Fn fn, const std::vector<Tensor>& inputs, CheckpointOptions options) {
   TG_CHECK(fn != nullptr, "checkpoint: fn is empty");
   if (!autograd::GradMode::is_enabled()) return fn(inputs);
-  for (size_t i = 0; i < inputs.size(); ++i) TG_CHECK(inputs[i].defined(), "checkpoint: input ", i, " is undefined");
-  std::shared_ptr<native::RngState> rng;
-  if (options.preserve_rng_state) rng = std::make_shared<native::RngState>(native::get_rng_state());
-  const AutocastState ac = AutocastState::now();
-  std::vector<Tensor> outs;
-  {
-    NoGradGuard no_grad;
-    outs = fn(inputs);
+  auto frame = std::make_shared<Frame>();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TG_CHECK(inputs[i].defined(), "checkpoint: input ", i, " is undefined");
+    // Saved before this frame's hook is set: under an enclosing checkpoint they are its slots.
+    frame->inputs.emplace_back(inputs[i], "checkpoint");
+    frame->input_requires_grad.push_back(inputs[i].requires_grad());
   }
-  auto ctx = std::make_shared<autograd::AutogradContext>();
-  std::vector<bool> needs(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) needs[i] = inputs[i].requires_grad();
-  ctx->set_needs_input_grad(std::move(needs));
-  ctx->save_for_backward(inputs);
-  auto shared_fn = std::make_shared<Fn>(std::move(fn));
-  return autograd::detail::record_custom(
-      "checkpoint", std::move(ctx), inputs, std::vector<bool>(inputs.size(), true), std::move(outs),
-      [shared_fn, rng, ac](autograd::AutogradContext* c, std::vector<Tensor> grads) {
-        return recompute_backward(*shared_fn, rng.get(), ac, c, std::move(grads));
-      },
-      /*differentiable=*/false);  // the recompute's nested backward records nothing
+  if (options.preserve_rng_state) frame->rng = std::make_shared<native::RngState>(native::get_rng_state());
+  frame->autocast = AutocastState::now();
+  frame->fn = std::make_shared<Fn>(std::move(fn));
+  Pack pack(frame);
+  autograd::SavedTensorHookGuard hook(&pack);
+  return (*frame->fn)(inputs);
 }
 
 Tensor checkpoint(std::function<Tensor(const std::vector<Tensor>&)> fn, const std::vector<Tensor>& inputs,

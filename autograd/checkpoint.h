@@ -3,14 +3,18 @@
 //
 //   auto y = tg::utils::checkpoint([&](const std::vector<tg::Tensor>& in) { return block(in[0]); }, {x});
 //
-// The forward runs fn without recording (no saved activations) and records one node; its
-// backward re-runs fn with recording on, on detached inputs (requiring grad where the inputs do),
-// with the random generators (CPU and CUDA Philox) and the autocast state as they were before
-// the forward, so dropout masks match and the gradients are those of an uncheckpointed run; then
-// it backpropagates through the recomputed graph. Parameters fn uses get their .grad() written by
-// that nested backward (as PyTorch's reentrant checkpoint: so it cannot run under
-// tg::autograd::grad, which is an error). Under grad mode every floating output requires grad
-// (fn may use parameters that are not among the inputs); without grad mode checkpoint is a plain call.
+// The non-reentrant form (torch's use_reentrant=False): the forward runs fn and records its ops as
+// usual, but the tensors they save for backward go to one recompute frame instead of the nodes
+// (autograd::SavedTensorHook), which keeps only `inputs`. The first of those tensors that
+// backward needs reruns fn on detached inputs (requiring grad where the inputs do), with the
+// random generators (CPU and CUDA Philox) and the autocast state as they were before the forward,
+// so dropout masks match and the gradients are those of an uncheckpointed run, and stops once the
+// last saved tensor still needed is back (ops after it, a block's trailing dropout, never rerun).
+// The segment's own nodes then run in the same pass: autograd::grad, retain_graph (the refilled
+// values are kept for the next pass) and create_graph work as without checkpoint, and segments
+// nest. A recompute that saves other shapes or a different number of tensors, or an input changed
+// in place since the forward, is a tg::Error at backward. Without grad mode checkpoint is a plain
+// call. Tensors saved by a custom autograd::Function's ctx are kept, not recomputed.
 #pragma once
 #include <functional>
 #include <vector>

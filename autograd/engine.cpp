@@ -133,8 +133,6 @@ Tensor implicit_one(const Tensor& r) {
   return native::full(r.sizes(), 1, r.dtype(), r.device());
 }
 
-thread_local bool t_in_grad_call = false;
-
 struct Capture {
   uint32_t input_nr;
   size_t result_index;
@@ -196,16 +194,10 @@ class RunningGuard {
 // Runs the reverse pass. With `inputs` (tg::autograd::grad), the gradients
 // reaching them are returned and no leaf's .grad() is touched.
 // The pass owns `roots` and `root_grads` and drops them once it has their edges: what keeps a root's
-// value or its gradient alive during the pass is the caller's reference (none for
-// detail::backward_releasing) or a node that saved it.
+// value or its gradient alive during the pass is the caller's reference or a node that saved it.
 std::vector<Tensor> run_backward(std::vector<Tensor> roots, std::vector<Tensor> root_grads, bool retain_graph,
                                  bool create_graph, const std::vector<Tensor>* inputs, const char* op) {
   BackwardMode mode(create_graph);
-  struct CallKind {  // for in_grad_call(), restored after a nested backward (utils::checkpoint)
-    bool prev = t_in_grad_call;
-    ~CallKind() { t_in_grad_call = prev; }
-  } call_kind;
-  t_in_grad_call = inputs != nullptr;
   TG_CHECK(!roots.empty(), op, ": no output tensors given");
   TG_CHECK(root_grads.empty() || root_grads.size() == roots.size(), op, ": got ", root_grads.size(), " gradients for ",
            roots.size(), " outputs");
@@ -384,7 +376,6 @@ bool is_implicit_one(const Tensor& g) {
 
 Tensor writable(const Tensor& g) { return is_implicit_one(g) ? native::clone(g) : g; }
 
-bool in_grad_call() { return t_in_grad_call; }
 
 Tensor take_pending_grad(const Node& n, size_t i, const Shape& shape, DType dtype, Device device) {
   const Running& r = t_running;
@@ -431,10 +422,6 @@ uint64_t absorbed_node_count() { return t_absorbed_count; }
 
 void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, bool retain_graph) {
   run_backward(outputs, grad_outputs, retain_graph, false, nullptr, "autograd::backward");
-}
-
-void detail::backward_releasing(std::vector<Tensor>&& outputs, std::vector<Tensor>&& grad_outputs) {
-  run_backward(std::move(outputs), std::move(grad_outputs), false, false, nullptr, "autograd::backward");
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,

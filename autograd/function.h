@@ -49,11 +49,38 @@ inline bool should_record_list(const std::vector<Tensor>& inputs) {
 // or the node's own output (saved before record() gives it its history).
 enum class Saved { kInput, kOutput };
 
+// Where a saved tensor's value goes while a hook is set on the thread (PyTorch's
+// saved_tensors_hooks; utils::checkpoint's recompute frame, autograd/checkpoint.cpp): pack()
+// gets the tensor as it is saved and returns the handle the SavedTensor keeps instead of it
+// (nullptr: keep nothing); the handle's unpack() gives the value back when backward needs it.
+class PackedTensor {
+ public:
+  virtual ~PackedTensor() = default;
+  virtual Tensor unpack() = 0;
+};
+class SavedTensorHook {
+ public:
+  virtual ~SavedTensorHook() = default;
+  virtual std::shared_ptr<PackedTensor> pack(const Tensor& t) = 0;
+};
+// Sets the thread's hook for a scope; the innermost guard's hook gets the saves.
+class SavedTensorHookGuard {
+ public:
+  explicit SavedTensorHookGuard(SavedTensorHook* hook);
+  ~SavedTensorHookGuard();
+  SavedTensorHookGuard(const SavedTensorHookGuard&) = delete;
+  SavedTensorHookGuard& operator=(const SavedTensorHookGuard&) = delete;
+
+ private:
+  SavedTensorHook* prev_;
+};
+
 // A tensor kept for backward: a detached alias (no graph, so a node never keeps
 // its own outputs alive through a cycle) plus the storage version at save time, and the
 // edge it had (an input's) or the fact that it is the node's output. Unpacked inside a backward
 // run with create_graph (grad mode on), it gets that history back (an output's is the node being
-// applied), so the backward's own graph links to the forward graph.
+// applied), so the backward's own graph links to the forward graph. Saved under a
+// SavedTensorHook, it keeps the hook's handle instead of the alias (the handle checks versions).
 class SavedTensor {
  public:
   SavedTensor() = default;
@@ -63,6 +90,7 @@ class SavedTensor {
 
  private:
   Tensor data_;
+  std::shared_ptr<PackedTensor> packed_;
   Edge edge_;  // the history an input had when saved (none when it did not require grad)
   uint32_t version_ = 0;
   bool output_ = false;
@@ -164,7 +192,6 @@ inline DType grad_dtype_for(const Node& n, size_t i, DType natural) {
   return wanted_grad_dtype(n.next_edges[i]) == kFloat32 ? kFloat32 : natural;
 }
 
-
 // Records `out` as the result of op `name` applied to `inputs`: builds the node,
 // its edges, and sets out's history. Returns out (re-aliased if it shares an
 // input's TensorImpl). Only floating outputs are recorded.
@@ -252,7 +279,5 @@ void run_post_accumulate_grad_hooks(const std::shared_ptr<TensorImpl>& leaf);
 std::vector<Tensor> apply_in_anomaly_mode(Node& node, std::vector<Tensor>&& grads);
 // Throws tg::Error when t is an inference tensor (tg::InferenceMode), which cannot be saved for backward.
 void check_not_inference(const Tensor& t, const char* op);
-// Whether the backward running on this thread is tg::autograd::grad's (it writes no .grad()).
-bool in_grad_call();
 
 }  // namespace tg::autograd

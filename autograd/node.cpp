@@ -59,13 +59,24 @@ Tensor alias(const Tensor& t) {
   return v;
 }
 
+namespace {
+thread_local SavedTensorHook* t_saved_hook = nullptr;
+}  // namespace
+
+SavedTensorHookGuard::SavedTensorHookGuard(SavedTensorHook* hook) : prev_(t_saved_hook) { t_saved_hook = hook; }
+SavedTensorHookGuard::~SavedTensorHookGuard() { t_saved_hook = prev_; }
+
 SavedTensor::SavedTensor(const Tensor& t, const char* op, Saved kind) : op_(op) {
   if (!t.defined()) return;
   check_not_inference(t, op);
-  data_ = alias(t);
-  version_ = t.version();
   output_ = kind == Saved::kOutput;
   if (!output_ && requires_grad(t)) edge_ = gradient_edge(t);
+  if (t_saved_hook) {
+    packed_ = t_saved_hook->pack(t);
+    return;
+  }
+  data_ = alias(t);
+  version_ = t.version();
 }
 
 namespace {
@@ -88,14 +99,15 @@ Tensor with_history(const Tensor& t, const Edge& e) {
 }
 
 Tensor SavedTensor::unpack() const {
-  if (!data_.defined()) return data_;
-  TG_CHECK(data_.version() == version_, op_, ": a tensor saved for backward (shape ", data_.sizes(),
-           ") was modified in place (version ", data_.version(), ", expected ", version_,
+  Tensor data = packed_ ? packed_->unpack() : data_;
+  if (!data.defined()) return data;
+  TG_CHECK(packed_ || data.version() == version_, op_, ": a tensor saved for backward (shape ", data.sizes(),
+           ") was modified in place (version ", data.version(), ", expected ", version_,
            "): one of the variables needed for gradient computation has been modified by an inplace "
            "operation; use the out-of-place op, or clone() the tensor before changing it");
-  if (!creating_graph()) return data_;
-  if (output_) return t_applying ? with_history(data_, Edge{t_applying->shared_from_this(), 0}) : data_;
-  return edge_.valid() ? with_history(data_, edge_) : data_;
+  if (!creating_graph()) return data;
+  if (output_) return t_applying ? with_history(data, Edge{t_applying->shared_from_this(), 0}) : data;
+  return edge_.valid() ? with_history(data, edge_) : data;
 }
 
 std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grads) {
