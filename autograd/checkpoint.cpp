@@ -104,7 +104,9 @@ class Pack final : public autograd::SavedTensorHook {
 };
 
 // The recompute's hook: the k-th save fills the forward's k-th slot (when still needed); the
-// recompute's own nodes keep nothing, and stop_at saves end it.
+// recompute's own nodes keep theirs as usual (aliases of the same values, gone with the
+// recompute's graph at the stop; a backward that fn itself runs reads them), and stop_at saves
+// end it.
 class Fill final : public autograd::SavedTensorHook {
  public:
   Fill(Frame& frame, size_t stop_at) : frame_(frame), stop_at_(stop_at) {}

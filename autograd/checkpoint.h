@@ -14,7 +14,7 @@
 // values are kept for the next pass) and create_graph work as without checkpoint, and segments
 // nest. A recompute that saves other shapes or a different number of tensors, or an input changed
 // in place since the forward, is a tg::Error at backward. Without grad mode checkpoint is a plain
-// call. Tensors saved by a custom autograd::Function's ctx are kept, not recomputed.
+// call.
 #pragma once
 #include <functional>
 #include <vector>

@@ -21,14 +21,19 @@ void AutogradContext::save_for_backward(const std::vector<Tensor>& tensors) {
       check_not_inference(t, "custom Function save_for_backward");
     // A detached alias: saving an output must not make the node own itself. An input's edge is
     // kept (upstream of the node: no cycle) for create_graph.
-    saved_.push_back(Saved{alias(t), t.version(), requires_grad(t) ? gradient_edge(t) : Edge{}, t.impl_ptr().get()});
+    const Edge edge = requires_grad(t) ? gradient_edge(t) : Edge{};
+    SavedTensorHook* hook = saved_tensor_hook();
+    if (auto packed = hook ? hook->pack(t) : nullptr)
+      saved_.push_back(Saved{Tensor(), std::move(packed), 0, edge, t.impl_ptr().get()});
+    else
+      saved_.push_back(Saved{alias(t), nullptr, t.version(), edge, t.impl_ptr().get()});
   }
 }
 
 void AutogradContext::set_node(const std::shared_ptr<Node>& node, const std::vector<const void*>& outputs) {
   node_ = node;
   for (Saved& s : saved_) {
-    if (!s.data.defined() || s.edge.valid()) continue;
+    if ((!s.data.defined() && !s.packed) || s.edge.valid()) continue;
     for (size_t k = 0; k < outputs.size(); ++k)
       if (outputs[k] == s.source) s.output_nr = static_cast<int64_t>(k);
   }
@@ -41,7 +46,8 @@ std::vector<Tensor> AutogradContext::saved_tensors() const {
   out.reserve(saved_.size());
   for (size_t i = 0; i < saved_.size(); ++i) {
     const Saved& s = saved_[i];
-    if (s.data.defined()) {
+    const Tensor data = s.packed ? s.packed->unpack() : s.data;  // a packed value checks its own version
+    if (!s.packed && data.defined()) {
       TG_CHECK(s.data.version() == s.version, "custom Function: saved tensor ", i, " (shape ", s.data.sizes(),
                ") was modified in place after save_for_backward (version ", s.data.version(), ", expected ", s.version,
                ")");
@@ -49,12 +55,12 @@ std::vector<Tensor> AutogradContext::saved_tensors() const {
     // Under create_graph (the backward runs with grad mode on) a saved input has its history back
     // and a saved output the node's, so the backward's own ops link to the forward graph.
     std::shared_ptr<Node> node = s.output_nr >= 0 ? node_.lock() : nullptr;
-    if (!s.data.defined() || !creating_graph()) {
-      out.push_back(s.data);
+    if (!data.defined() || !creating_graph()) {
+      out.push_back(data);
     } else if (node) {
-      out.push_back(with_history(s.data, Edge{node, static_cast<uint32_t>(s.output_nr)}));
+      out.push_back(with_history(data, Edge{node, static_cast<uint32_t>(s.output_nr)}));
     } else {
-      out.push_back(s.edge.valid() ? with_history(s.data, s.edge) : s.data);
+      out.push_back(s.edge.valid() ? with_history(data, s.edge) : data);
     }
   }
   return out;

@@ -43,6 +43,8 @@
 
 namespace tg::autograd {
 
+class PackedTensor;  // autograd/function.h
+
 // Per-call state shared by a custom function's forward and backward.
 class AutogradContext {
  public:
@@ -64,7 +66,8 @@ class AutogradContext {
 
  private:
   struct Saved {
-    Tensor data;  // a detached alias
+    Tensor data;                           // a detached alias, or
+    std::shared_ptr<PackedTensor> packed;  // the handle of the thread's saved-tensor hook (checkpoint)
     uint32_t version = 0;
     Edge edge;                     // the history a saved input had (none for outputs and constants)
     const void* source = nullptr;  // the saved tensor's TensorImpl, to recognise outputs

@@ -53,7 +53,8 @@ Tensor as_meta(const Tensor& g, const InputMeta& m) {
 
 // The engine's mode for one backward run: grad mode on exactly with create_graph (so the
 // differentiable backward closures record); autocast and tracing off, as in PyTorch's backward
-// (the closures' tg:: ops neither cast nor trace; utils::checkpoint sets the forward's autocast).
+// (the closures' tg:: ops neither cast nor trace; utils::checkpoint sets the forward's autocast), and
+// no saved-tensor hook (a create_graph backward inside a checkpointed segment keeps its own saves).
 class BackwardMode {
  public:
   explicit BackwardMode(bool create_graph)
@@ -74,6 +75,7 @@ class BackwardMode {
   bool grad_;
   uint8_t autocast_;
   tg::detail::Tracer* tracer_;
+  SavedTensorHookGuard no_hook_{nullptr};
 };
 
 // Under create_graph, the results of a node whose backward does not record itself get a history

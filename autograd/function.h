@@ -52,7 +52,8 @@ enum class Saved { kInput, kOutput };
 // Where a saved tensor's value goes while a hook is set on the thread (PyTorch's
 // saved_tensors_hooks; utils::checkpoint's recompute frame, autograd/checkpoint.cpp): pack()
 // gets the tensor as it is saved and returns the handle the SavedTensor keeps instead of it
-// (nullptr: keep nothing); the handle's unpack() gives the value back when backward needs it.
+// (nullptr: keep the tensor as usual); the handle's unpack() gives the value back when backward
+// needs it.
 class PackedTensor {
  public:
   virtual ~PackedTensor() = default;
@@ -63,6 +64,8 @@ class SavedTensorHook {
   virtual ~SavedTensorHook() = default;
   virtual std::shared_ptr<PackedTensor> pack(const Tensor& t) = 0;
 };
+// The thread's hook now (null without one): SavedTensor and custom Functions' ctx save through it.
+SavedTensorHook* saved_tensor_hook();
 // Sets the thread's hook for a scope; the innermost guard's hook gets the saves.
 class SavedTensorHookGuard {
  public:

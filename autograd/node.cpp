@@ -63,6 +63,7 @@ namespace {
 thread_local SavedTensorHook* t_saved_hook = nullptr;
 }  // namespace
 
+SavedTensorHook* saved_tensor_hook() { return t_saved_hook; }
 SavedTensorHookGuard::SavedTensorHookGuard(SavedTensorHook* hook) : prev_(t_saved_hook) { t_saved_hook = hook; }
 SavedTensorHookGuard::~SavedTensorHookGuard() { t_saved_hook = prev_; }
 
@@ -73,7 +74,7 @@ SavedTensor::SavedTensor(const Tensor& t, const char* op, Saved kind) : op_(op) 
   if (!output_ && requires_grad(t)) edge_ = gradient_edge(t);
   if (t_saved_hook) {
     packed_ = t_saved_hook->pack(t);
-    return;
+    if (packed_) return;
   }
   data_ = alias(t);
   version_ = t.version();

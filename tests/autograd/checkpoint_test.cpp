@@ -117,6 +117,59 @@ TEST(Checkpoint, GradRetainGraphAndSecondOrderAsWithoutCheckpoint) {
   expect_near_vec(host(g2[0]), {6, 12}, 1e-12, 0, "second derivative 6x");
 }
 
+// A custom Function's ctx saves through the same hook: a segment holding one is recomputed (its
+// saved input is a slot, not kept), and the gradient is its backward's.
+struct Cube : tg::autograd::Function<Cube> {
+  static Tensor forward(tg::autograd::AutogradContext* ctx, const Tensor& x) {
+    ctx->save_for_backward({x});
+    return x * x * x;
+  }
+  static std::vector<Tensor> backward(tg::autograd::AutogradContext* ctx, std::vector<Tensor> grads) {
+    const Tensor x = ctx->saved_tensors()[0];
+    return {grads[0] * x * x * 3.0};
+  }
+};
+
+TEST(Checkpoint, CustomFunctionSavesAreRecomputed) {
+  auto x = f64({0.5, -2});
+  x.requires_grad_();
+  int calls = 0;
+  auto y = tg::utils::checkpoint(
+      [&](const std::vector<Tensor>& in) {
+        ++calls;
+        return Cube::apply(in[0] * 1.0) * 2.0;
+      },
+      {x});
+  y.sum().backward();
+  EXPECT_EQ(calls, 2) << "the ctx's saved input came back through the recompute";
+  expect_near_vec(host(x.grad()), {6 * 0.25, 6 * 4.0}, 1e-12, 0, "d/dx 2 x^3 = 6 x^2");
+}
+
+// A gradient penalty computed inside the segment (a create_graph backward that fn runs): that
+// inner backward reads the segment's first saves mid-forward, which recomputes them early, and the
+// recompute's own inner backward reads the recompute's saves. Same gradients as without checkpoint.
+TEST(Checkpoint, GradientPenaltyInsideTheSegment) {
+  auto w = f64({0.8, -1.3, 0.4});
+  w.requires_grad_();
+  auto x = f64({0.3, 0.9, -1.7});
+  x.requires_grad_();
+  int calls = 0;
+  auto fn = [&](const std::vector<Tensor>& in) {
+    ++calls;
+    Tensor h = tg::tanh(in[0] * w);
+    auto g = tg::autograd::grad({h.sum()}, {in[0]}, tg::autograd::GradOptions{.create_graph = true});
+    return h * h + g[0] * g[0];
+  };
+  tg::utils::checkpoint(fn, {x * 1.0}).sum().backward();
+  const auto gx = host(x.grad()), gw = host(w.grad());
+  EXPECT_GE(calls, 2);
+  x.mutable_grad() = Tensor();
+  w.mutable_grad() = Tensor();
+  fn({x * 1.0}).sum().backward();
+  expect_near_vec(gx, host(x.grad()), 1e-14, 1e-14, "dx against plain");
+  expect_near_vec(gw, host(w.grad()), 1e-14, 1e-14, "dw against plain");
+}
+
 // Nested segments: the inner checkpoint's inputs are slots of the outer one, so the outer
 // recompute refills them and the inner one recomputes from there.
 TEST(Checkpoint, NestedSegmentsGiveThePlainGradients) {
