@@ -57,6 +57,38 @@ class DetectAnomalyGuard {
   bool prev_;
 };
 
+// Saved-tensor hooks, as torch.autograd.graph.saved_tensors_hooks: while the guard lives (on this
+// thread; guards nest, the innermost one's hooks apply), every tensor a recorded op saves for
+// backward is handed to `pack` and its result is kept instead; backward reads `unpack(packed)`,
+// which must have the saved tensor's shape, dtype and device (else a tg::Error naming
+// saved_tensors_hooks). A tensor kept through the hooks has no in-place check: what unpack returns
+// is what backward uses. utils::checkpoint's segments and backward passes use hooks of their own,
+// so saves inside a segment, and a create_graph backward's saves, do not reach these.
+class SavedTensorsHooks {
+ public:
+  SavedTensorsHooks(std::function<Tensor(const Tensor&)> pack, std::function<Tensor(const Tensor&)> unpack);
+  ~SavedTensorsHooks();
+  SavedTensorsHooks(const SavedTensorsHooks&) = delete;
+  SavedTensorsHooks& operator=(const SavedTensorsHooks&) = delete;
+
+ protected:
+  // to_saved_device: what unpack returns goes back to the saved tensor's device first (SaveOnCpu).
+  SavedTensorsHooks(std::function<Tensor(const Tensor&)> pack, std::function<Tensor(const Tensor&)> unpack,
+                    bool to_saved_device);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// torch.autograd.graph.save_on_cpu: saved CUDA tensors wait in host memory (pinned, from the host
+// caching allocator) and go back to their device when backward reads them; CPU tensors stay as
+// they are.
+class SaveOnCpu : public SavedTensorsHooks {
+ public:
+  SaveOnCpu();
+};
+
 // The next node sequence number of this thread (Node::sequence_nr).
 uint64_t next_sequence_nr();
 
