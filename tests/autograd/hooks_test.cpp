@@ -22,6 +22,25 @@ class Hooks : public ::testing::TestWithParam<Dev> {
     t.requires_grad_();
     return t;
   }
+  // x, w and loss = sum(tanh(x * w) * x) with its gradients without hooks (the saved-tensor cases).
+  struct TanhCase {
+    Tensor x, w;
+    std::vector<double> gx, gw;
+    Tensor loss() const { return (tg::tanh(x * w) * x).sum(); }
+    void expect_plain_grads(const char* under) const {
+      expect_near_vec(host(x.grad()), gx, 0, 0, std::string("dx under ") + under);
+      expect_near_vec(host(w.grad()), gw, 0, 0, std::string("dw under ") + under);
+    }
+  };
+  TanhCase tanh_case() const {
+    TanhCase c{leaf({0.3, -1.1, 0.8}), leaf({1.5, 0.4, -0.9}), {}, {}};
+    c.loss().backward();
+    c.gx = host(c.x.grad());
+    c.gw = host(c.w.grad());
+    c.x.mutable_grad() = Tensor();
+    c.w.mutable_grad() = Tensor();
+    return c;
+  }
 };
 
 TEST_P(Hooks, LeafHookSeesTheSummedGradientOnceAndReplacesWhatIsAccumulated) {
@@ -204,12 +223,7 @@ TEST_P(Hooks, PostAccumulateOnlyOnLeavesThatRequireGrad) {
 // Saved-tensor hooks: y = sum(tanh(x * w) * x), each save packed once (stored doubled, halved
 // back: the gradients are exact) and unpacked by backward; the same gradients as without hooks.
 TEST_P(Hooks, SavedTensorsHooksPackEverySaveAndUnpackInBackward) {
-  auto x = leaf({0.3, -1.1, 0.8}), w = leaf({1.5, 0.4, -0.9});
-  auto f = [&] { return (tg::tanh(x * w) * x).sum(); };
-  f().backward();
-  const auto gx = host(x.grad()), gw = host(w.grad());
-  x.mutable_grad() = Tensor();
-  w.mutable_grad() = Tensor();
+  TanhCase c = tanh_case();
   int packs = 0, unpacks = 0;
   Tensor y;
   {
@@ -223,15 +237,14 @@ TEST_P(Hooks, SavedTensorsHooksPackEverySaveAndUnpackInBackward) {
           ++unpacks;
           return p * 0.5;
         });
-    y = f();
+    y = c.loss();
   }
   // mul saves x and w, tanh its output, the second mul its two operands.
   EXPECT_EQ(packs, 5);
   EXPECT_EQ(unpacks, 0);
   y.backward();
   EXPECT_EQ(unpacks, 5);
-  expect_near_vec(host(x.grad()), gx, 0, 0, "dx as without hooks");
-  expect_near_vec(host(w.grad()), gw, 0, 0, "dw as without hooks");
+  c.expect_plain_grads("hooks");
 }
 
 TEST_P(Hooks, SavedTensorsHooksNestAndAreErrorsWhenUnpackChangesTheTensor) {
@@ -270,20 +283,14 @@ TEST_P(Hooks, SavedTensorsHooksNestAndAreErrorsWhenUnpackChangesTheTensor) {
 // save_on_cpu: the same gradients; on CUDA the saved intermediates leave the device until
 // backward (two tanh outputs of 1 Mi floats: 8 MiB less allocated after the forward).
 TEST_P(Hooks, SaveOnCpuKeepsSavesOnTheHost) {
-  auto x = leaf({0.3, -1.1, 0.8}), w = leaf({1.5, 0.4, -0.9});
-  auto f = [&] { return (tg::tanh(x * w) * x).sum(); };
-  f().backward();
-  const auto gx = host(x.grad()), gw = host(w.grad());
-  x.mutable_grad() = Tensor();
-  w.mutable_grad() = Tensor();
+  TanhCase c = tanh_case();
   Tensor y;
   {
     tg::autograd::SaveOnCpu offload;
-    y = f();
+    y = c.loss();
   }
   y.backward();
-  expect_near_vec(host(x.grad()), gx, 0, 0, "dx as without offload");
-  expect_near_vec(host(w.grad()), gw, 0, 0, "dw as without offload");
+  c.expect_plain_grads("SaveOnCpu");
   if (dev().type() != kCUDA) return;
   auto big = tg::randn({1 << 20}, TensorOptions().device(dev()).requires_grad(true));
   auto after_forward = [&](bool offload) {
