@@ -378,7 +378,6 @@ bool is_implicit_one(const Tensor& g) {
 
 Tensor writable(const Tensor& g) { return is_implicit_one(g) ? native::clone(g) : g; }
 
-
 Tensor take_pending_grad(const Node& n, size_t i, const Shape& shape, DType dtype, Device device) {
   const Running& r = t_running;
   if (r.node != &n || creating_graph() || i >= n.next_edges.size() || !n.next_edges[i].fn) return Tensor();
