@@ -500,17 +500,7 @@ __global__ void __launch_bounds__(kThreads, 2) small_sgemm_group_tc_kernel(Group
 // on sm_80 and later) or FFMA (the default until measured, and older GPUs).
 std::atomic<bool> g_tensor_cores{false};
 bool tensor_cores(int device) {
-  if (!g_tensor_cores.load(std::memory_order_relaxed)) return false;
-  static std::mutex mu;
-  static std::map<int, bool> known;
-  std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = known.try_emplace(device, false);
-  if (fresh) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) (void)cudaGetLastError();
-    it->second = major >= 8;
-  }
-  return it->second;
+  return g_tensor_cores.load(std::memory_order_relaxed) && compute_major(device) >= 8;
 }
 
 using Kernel = void (*)(SgemmArgs);
