@@ -5,8 +5,6 @@
 // the order tensor the graph reads). Host wall clock around a synchronised epoch, median of repeats.
 // --cublas-benchmark: the same with cuBLASLt's algorithms timed per GEMM problem.
 // --no-small-gemm: float32 GEMMs to cuBLAS instead of small_gemm.cu (A/B).
-// --small-gemm-loop tc|ffma: small_gemm.cu's K loop on tensor cores (3xTF32) or FFMA (A/B;
-// default: the library's).
 // --no-gemm-relu: the ReLUs as their own kernels, not in the linears' gemm epilogues (A/B).
 // TG_GEMM_GROUPING=0 in the environment: each linear's input and weight gradient gemms as two
 // launches, not one (A/B).
@@ -54,15 +52,12 @@ int main(int argc, char** argv) {
   // --cublas-benchmark: cuBLASLt algorithms timed per GEMM problem (tg::backends::cublas).
   // --no-small-gemm: float32 GEMMs of few tiles to cuBLAS instead of small_gemm.cu (A/B).
   bool cublas_benchmark = false, small_gemm = true, host_phases = false, gemm_relu = true;
-  const char* small_loop = nullptr;
   int out = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--cublas-benchmark")
       cublas_benchmark = true;
     else if (std::string(argv[i]) == "--no-small-gemm")
       small_gemm = false;
-    else if (std::string(argv[i]) == "--small-gemm-loop" && i + 1 < argc)
-      small_loop = argv[++i];
     else if (std::string(argv[i]) == "--no-gemm-relu")
       gemm_relu = false;
     else if (std::string(argv[i]) == "--host-phases")
@@ -75,7 +70,6 @@ int main(int argc, char** argv) {
   if (cublas_benchmark && tg::cuda::is_available()) tg::backends::cublas::set_benchmark(true);
 #ifdef TG_WITH_CUDA
   tg::cuda::detail::set_small_sgemm(small_gemm);
-  if (small_loop) tg::cuda::detail::set_small_sgemm_tensor_cores(std::string(small_loop) == "tc");
   tg::cuda::detail::set_gemm_activation_fusion(gemm_relu);
 #endif
   if (!tg::cuda::is_available()) {

@@ -99,40 +99,25 @@ bool same_bits(const Tensor& x, const Tensor& y) {
   return a == b;
 }
 
-// The kernel's two K loops (tensor cores with 3xTF32, FFMA): a test body runs once with each;
-// the setting comes back at the end of the scope.
-struct KLoop {
-  explicit KLoop(bool tensor_cores) { cuda::detail::set_small_sgemm_tensor_cores(tensor_cores); }
-  ~KLoop() { cuda::detail::set_small_sgemm_tensor_cores(before); }
-  const bool before = cuda::detail::small_sgemm_tensor_cores();
-  KLoop(const KLoop&) = delete;
-  KLoop& operator=(const KLoop&) = delete;
-};
-std::string loop_name(bool tensor_cores) { return tensor_cores ? "tensor-core loop" : "FFMA loop"; }
-
 TEST(SmallSgemm, MatmulMatchesFloat64InEveryLayout) {
   TG_SKIP_WITHOUT_GPU();
   const bool tf32 = tg::allow_tf32();
   tg::set_allow_tf32(false);
-  for (bool tc : {true, false}) {
-    KLoop loop(tc);
-    for (const Shape3& s : shapes())
-      for (int la = 0; la < 3; ++la)
-        for (int lb = 0; lb < 3; ++lb) {
-          if (s.m * s.n * s.k > (int64_t{1} << 26) && (la != 0 || lb != 1)) continue;  // large: one layout
-          SCOPED_TRACE(loop_name(tc) + ": m " + std::to_string(s.m) + " n " + std::to_string(s.n) + " k " +
-                       std::to_string(s.k) + " layouts " + std::to_string(la) + std::to_string(lb));
-          Tensor a = operand(s.m, s.k, la, 1), b = operand(s.k, s.n, lb, 2);
-          Tensor c = tg::matmul(a, b);
-          EXPECT_TRUE(matches_reference(c, a, b, 2e-6));
-          EXPECT_TRUE(same_bits(c, tg::matmul(a, b))) << "two runs differ";
-          if (!tc) continue;
-          cuda::detail::set_small_sgemm(false);
-          Tensor lib = tg::matmul(a, b);
-          cuda::detail::set_small_sgemm(true);
-          EXPECT_TRUE(matches_reference(lib, a, b, 2e-6)) << "cuBLAS";
-        }
-  }
+  for (const Shape3& s : shapes())
+    for (int la = 0; la < 3; ++la)
+      for (int lb = 0; lb < 3; ++lb) {
+        if (s.m * s.n * s.k > (int64_t{1} << 26) && (la != 0 || lb != 1)) continue;  // large: one layout
+        SCOPED_TRACE("m " + std::to_string(s.m) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k) +
+                     " layouts " + std::to_string(la) + std::to_string(lb));
+        Tensor a = operand(s.m, s.k, la, 1), b = operand(s.k, s.n, lb, 2);
+        Tensor c = tg::matmul(a, b);
+        EXPECT_TRUE(matches_reference(c, a, b, 2e-6));
+        EXPECT_TRUE(same_bits(c, tg::matmul(a, b))) << "two runs differ";
+        cuda::detail::set_small_sgemm(false);
+        Tensor lib = tg::matmul(a, b);
+        cuda::detail::set_small_sgemm(true);
+        EXPECT_TRUE(matches_reference(lib, a, b, 2e-6)) << "cuBLAS";
+      }
   tg::set_allow_tf32(tf32);
 }
 
@@ -147,12 +132,9 @@ TEST(SmallSgemm, LinearForwardAndBackwardAtMlpShapes) {
   struct L {
     int64_t rows, in, out;
   };
-  for (bool tc : {true, false})
   for (L l : {L{128, 784, 512}, L{128, 512, 512}, L{128, 512, 10}, L{100, 300, 70}})
     for (bool w_col_major : {false, true}) {
-      KLoop loop(tc);
-      SCOPED_TRACE(loop_name(tc) + ": " + std::to_string(l.in) + " -> " + std::to_string(l.out) +
-                   (w_col_major ? " (w column-major)" : ""));
+      SCOPED_TRACE(std::to_string(l.in) + " -> " + std::to_string(l.out) + (w_col_major ? " (w column-major)" : ""));
       tg::manual_seed(7);
       Tensor x = tg::randn({l.rows, l.in}, opts).requires_grad_();
       Tensor wl = (w_col_major ? tg::randn({l.in, l.out}, opts) : tg::randn({l.out, l.in}, opts)).requires_grad_();
@@ -206,6 +188,33 @@ TEST(SmallSgemm, GraphReplaysGiveTheEagerBits) {
       EXPECT_TRUE(same_bits(y, eager)) << "replay " << i;
     }
   }
+}
+
+// An inf in a row of A and a NaN in a column of B reach only that row and that column of C
+// (a split block's partial sums and the fixed-order finish keep them there); every other
+// element is the exact sum.
+TEST(SmallSgemm, NonFiniteOperandsStayNonFiniteInTheirRowAndColumnOnly) {
+  TG_SKIP_WITHOUT_GPU();
+  const bool tf32 = tg::allow_tf32();
+  tg::set_allow_tf32(false);
+  std::vector<float> ha(128 * 784, 0.5f), hb(784 * 512, 0.25f);
+  ha[3 * 784 + 100] = INFINITY;  // row 3 of A
+  hb[200 * 512 + 7] = NAN;       // column 7 of B
+  Tensor a = tg::from_blob(ha.data(), {128, 784}).to(Device(kCUDA));
+  Tensor b = tg::from_blob(hb.data(), {784, 512}).to(Device(kCUDA));
+  std::vector<double> c = host(tg::matmul(a, b));
+  for (int64_t i = 0; i < 128; ++i)
+    for (int64_t j = 0; j < 512; ++j) {
+      const double v = c[i * 512 + j];
+      if (j == 7) {
+        EXPECT_TRUE(std::isnan(v)) << i << ", " << j;
+      } else if (i == 3) {
+        EXPECT_TRUE(std::isinf(v) && v > 0) << i << ", " << j;
+      } else {
+        ASSERT_EQ(v, 784 * 0.125) << i << ", " << j;
+      }
+    }
+  tg::set_allow_tf32(tf32);
 }
 
 // ---- independent gemms in one launch (blas.cpp join_deferred_gemm, small_gemm.cu's group kernel)
@@ -327,55 +336,18 @@ TEST(SmallSgemmGroup, IndependentGemmsJoinOneLaunchWithTheirOwnValues) {
     cs.push_back(tg::empty({p.m, p.n}, opts));
   }
   tg::cuda::synchronize();
-  for (bool tc : {true, false}) {
-    KLoop loop(tc);
-    SCOPED_TRACE(loop_name(tc));
-    const int64_t before = cuda::detail::gemm_groupings();
-    for (size_t i = 0; i < ps.size(); ++i) be.gemm(deferrable_gemm(as[i], ps[i].ta, bs[i], ps[i].tb, cs[i]));
-    EXPECT_EQ(cuda::detail::gemm_groupings() - before, 3) << "three joins: a group of four, then one alone";
-    for (size_t i = 0; i < ps.size(); ++i)
-      EXPECT_TRUE(product_matches(cs[i], as[i], ps[i].ta, bs[i], ps[i].tb)) << "problem " << i;
-    // The same bits on a second run.
-    std::vector<Tensor> again;
-    for (size_t i = 0; i < ps.size(); ++i) {
-      again.push_back(tg::empty({ps[i].m, ps[i].n}, opts));
-      be.gemm(deferrable_gemm(as[i], ps[i].ta, bs[i], ps[i].tb, again[i]));
-    }
-    for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(same_bits(cs[i], again[i])) << "problem " << i << " run twice";
+  const int64_t before = cuda::detail::gemm_groupings();
+  for (size_t i = 0; i < ps.size(); ++i) be.gemm(deferrable_gemm(as[i], ps[i].ta, bs[i], ps[i].tb, cs[i]));
+  EXPECT_EQ(cuda::detail::gemm_groupings() - before, 3) << "three joins: a group of four, then one alone";
+  for (size_t i = 0; i < ps.size(); ++i)
+    EXPECT_TRUE(product_matches(cs[i], as[i], ps[i].ta, bs[i], ps[i].tb)) << "problem " << i;
+  // The same bits on a second run, and within float32 rounding of the ungrouped launches.
+  std::vector<Tensor> again;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    again.push_back(tg::empty({ps[i].m, ps[i].n}, opts));
+    be.gemm(deferrable_gemm(as[i], ps[i].ta, bs[i], ps[i].tb, again[i]));
   }
-}
-
-// Non-finite operands: the FFMA loop carries an infinity as float32 arithmetic does; the
-// tensor-core loop gives NaN for it (an infinity's small TF32 half is inf - inf: its documented
-// difference); both keep a NaN, and neither lets a non-finite value turn finite or spread
-// beyond its row and column.
-TEST(SmallSgemm, NonFiniteOperandsStayNonFiniteInTheirRowAndColumnOnly) {
-  TG_SKIP_WITHOUT_GPU();
-  const bool tf32 = tg::allow_tf32();
-  tg::set_allow_tf32(false);
-  for (bool tc : {true, false}) {
-    KLoop loop(tc);
-    SCOPED_TRACE(loop_name(tc));
-    std::vector<float> ha(128 * 784, 0.5f), hb(784 * 512, 0.25f);
-    ha[3 * 784 + 100] = INFINITY;  // row 3 of A
-    hb[200 * 512 + 7] = NAN;       // column 7 of B
-    Tensor a = tg::from_blob(ha.data(), {128, 784}).to(Device(kCUDA));
-    Tensor b = tg::from_blob(hb.data(), {784, 512}).to(Device(kCUDA));
-    std::vector<double> c = host(tg::matmul(a, b));
-    for (int64_t i = 0; i < 128; ++i)
-      for (int64_t j = 0; j < 512; ++j) {
-        const double v = c[i * 512 + j];
-        if (j == 7) {
-          EXPECT_TRUE(std::isnan(v)) << i << ", " << j;
-        } else if (i == 3) {
-          EXPECT_FALSE(std::isfinite(v)) << i << ", " << j;
-          if (!tc) EXPECT_TRUE(std::isinf(v) && v > 0) << i << ", " << j;
-        } else {
-          ASSERT_EQ(v, 784 * 0.125) << i << ", " << j;
-        }
-      }
-  }
-  tg::set_allow_tf32(tf32);
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(same_bits(cs[i], again[i])) << "problem " << i << " run twice";
 }
 
 // The MLP's last layer: its input gradient has one K step (K = 10: one block a tile, many tiles

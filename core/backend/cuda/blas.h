@@ -18,11 +18,6 @@ bool gemm_fuses(const tg::backend::GemmArgs& a);
 bool small_sgemm_applies(const tg::backend::GemmArgs& a);
 void set_small_sgemm(bool on);
 bool small_sgemm_enabled();
-// Its K loop on tensor cores (3xTF32: float32 accuracy, see small_gemm.cu; sm_80 and later) or
-// on FFMA (tests and A/B benchmarks switch). Default off until a GPU has measured it (NOTES.md,
-// "the small gemm's K loop on tensor cores").
-void set_small_sgemm_tensor_cores(bool on);
-bool small_sgemm_tensor_cores();
 
 // Backend::fuse_into_deferred_gemm (a linear's deferred float16 / bfloat16 gemm takes a GELU
 // (tanh) of its result as cuBLASLt's GELU_AUX(_BIAS) epilogue). set_gemm_activation_fusion(false)

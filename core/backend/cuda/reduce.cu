@@ -2,6 +2,7 @@
 // reduced dims last) and Sum / Mean / Var / Std. Max / Min / ArgMax: reduce_minmax.cu.
 #include <algorithm>
 #include <limits>
+#include <mutex>
 #include <vector>
 
 #include <tapegrad/core/backend/cuda/kernels.cuh>
@@ -12,31 +13,17 @@ namespace tg::cuda::kern {
 using backend::ElemOp;
 using backend::ReduceOp;
 
-namespace {
-// Per-device attributes the kernels' launch plans read, asked once for every device.
-struct DeviceCaps {
-  int sms = 132, major = 0;
-};
-const DeviceCaps& caps_of(int device) {
-  static const std::vector<DeviceCaps> caps = [] {
+int sm_count(int device) {
+  static std::once_flag once;
+  static std::vector<int> counts;
+  std::call_once(once, [] {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-    std::vector<DeviceCaps> c(static_cast<size_t>(std::max(n, 1)));
-    for (int d = 0; d < n; ++d)
-      if (cudaDeviceGetAttribute(&c[d].sms, cudaDevAttrMultiProcessorCount, d) != cudaSuccess ||
-          cudaDeviceGetAttribute(&c[d].major, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess) {
-        (void)cudaGetLastError();  // this query's own error: the defaults stay
-        c[d] = DeviceCaps{};
-      }
-    return c;
-  }();
-  static const DeviceCaps none;
-  return device >= 0 && device < static_cast<int>(caps.size()) ? caps[device] : none;
+    counts.assign(static_cast<size_t>(std::max(n, 1)), 132);
+    for (int d = 0; d < n; ++d) cudaDeviceGetAttribute(&counts[d], cudaDevAttrMultiProcessorCount, d);
+  });
+  return device >= 0 && device < static_cast<int>(counts.size()) ? counts[device] : 132;
 }
-}  // namespace
-
-int sm_count(int device) { return caps_of(device).sms; }
-int compute_major(int device) { return caps_of(device).major; }
 
 namespace {
 

@@ -36,9 +36,7 @@ struct ReducePlan {
   cudaStream_t stream = nullptr;
 };
 
-// The device's SM count and compute capability major (asked once; 132 / 0 when unknown).
 int sm_count(int device);
-int compute_major(int device);
 
 // Writes v into out[o] converted to the runtime dtype (a uniform branch; keeps the
 // number of instantiations independent of the output dtype).

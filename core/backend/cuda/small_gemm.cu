@@ -1,16 +1,12 @@
-// CUDA: float32 gemms with few output tiles (a batch-128 MLP's layers and their gradients), split
-// over K, with the bias / bias-gradient epilogues fused.
+// CUDA: float32 gemms with few output tiles (a batch-128 MLP's layers and their gradients), on
+// CUDA cores, split over K, with the bias / bias-gradient epilogues fused.
 // Why hand-written: with TF32 off (PyTorch's default) cuBLAS / cuBLASLt run these shapes
 // ([128, 784] x [784, 512] and the like) with 16-32 output tiles, i.e. most SMs idle, 4-9 us
 // each plus a separate split-K reduction kernel (NOTES.md, issue 15: none of the offered
 // algorithms ran one below ~7 us). Here a 64 x 64 tile is split over K into up to 16 blocks
 // (about two per SM over the grid, at most 16 K steps each: longer loops stay with cuBLAS);
-// each block keeps 16 accumulators a thread (256 threads, 16-wide K steps through
-// double-buffered shared memory, the next step's loads in registers meanwhile). The K loop runs
-// as 4 x 4 FFMA a thread or, switched on (sm_80 and later; off by default until a GPU has timed
-// it), on tensor cores as 3xTF32 (mma.sync m16n8k8: each float32 operand split into two TF32
-// halves, three products; float32 accuracy, see split_tf32); the NOTES entry "issue 15: the
-// small gemm's K loop on tensor cores" compares them. The blocks of
+// each block keeps 4 x 4 accumulators a thread (256 threads, 16-wide K steps through
+// double-buffered shared memory, the next step's loads in registers meanwhile). The blocks of
 // one tile form a thread block cluster (sm_90; older GPUs get unsplit launches only): each
 // leaves its partial tile in its shared memory, and after a cluster barrier each block adds a
 // slice of the tile from all of them (distributed shared memory) in split order and runs the
@@ -22,7 +18,6 @@
 // and weight gradient gemms waiting in the launch queue); every cluster has the group's size, and
 // a problem of fewer splits packs several tiles into each of its clusters.
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <map>
@@ -44,13 +39,8 @@ constexpr int kTile = 64, kStep = 16, kThreads = 256, kPad = 4;
 constexpr int kMaxSplits = 16;                     // a cluster's blocks (> 8: non-portable, asked for)
 constexpr int64_t kMaxOutputs = int64_t{1} << 19;  // m * n routed here, at most
 constexpr int kMaxStepsPerSplit = 16;              // K steps a block, at most (see plan_of)
-// Shared rows of a K step, padded: the FFMA loop reads 16-byte vectors along a row (pad 4); the
-// tensor-core loop reads a fragment's column of 8 rows x 4 K steps a warp, conflict-free when a
-// K row is 8 banks long (pad 8).
-template <bool kMma>
-constexpr int kLdOf = kTile + (kMma ? 8 : kPad);
-template <bool kMma>
-constexpr int kStageFloatsOf = kStep * kLdOf<kMma>;  // one operand's K step
+constexpr int kLd = kTile + kPad;                  // shared rows of a K step, padded
+constexpr int kStageFloats = kStep * kLd;          // one operand's K step
 
 enum Epi : int { kNone, kBias, kRowSumsA, kColSumsB, kRelu, kBiasRelu, kReluBackward };
 
@@ -143,47 +133,15 @@ __device__ __forceinline__ void write_quad(const SgemmArgs& p, int gi, int gj, f
   }
 }
 
-// The tensor-core K loop (3xTF32): a float32 x is the sum of two TF32 values, big = x rounded to
-// TF32 (10 explicit mantissa bits) and small = what is left, rounded again; a product is
-// a_big b_big + a_big b_small + a_small b_big (a_small b_small, ~2^-22 relative, dropped), each
-// term an mma.sync with float32 accumulation, the small ones first. Close to float32 FFMA
-// accuracy (PyTorch's allow_tf32 = false) at a fraction of the instructions. An infinite x has
-// small = inf - inf = NaN, so an output FFMA makes +-inf is NaN here: non-finite either way (a
-// GradScaler's check sees both), and confined to that row / column
-// (SmallSgemm.NonFiniteOperandsStayNonFiniteInTheirRowAndColumnOnly).
-__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(x));
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(x - __uint_as_float(big)));
-#else
-  big = __float_as_uint(x);
-  small = 0u;
-#endif
-}
-
-// d += a b for one m16 n8 k8 TF32 fragment (PTX's layouts: a (g + 8 (r % 2), q + 4 (r / 2)),
-// b (k q + 4 r, n g), d (g + 8 (r / 2), 2 q + r % 2), g = lane / 4, q = lane % 4).
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-  __trap();  // the plans never pick the tensor-core loop before sm_80
-#endif
-}
-
 // One block's part of problem p: output tile `tile`, K split `split` of `splits`. The tile's
 // splits are the cluster's blocks of ranks [base, base + splits) (a group launch packs several
 // tiles into one cluster); csize: the cluster's size, whose barriers every block takes (a block
 // with no tile calls idle_block instead). sm: the kernel's [A buffer 0, A buffer 1, B buffer 0,
 // B buffer 1] staging, each [kStep][kLd], reused for the partial tile; vsum: the block's row /
 // column sums.
-template <bool TA, bool TB, bool kMma>
+template <bool TA, bool TB>
 __device__ __forceinline__ void sgemm_block(const SgemmArgs& p, int tile, int split, int splits, int base, int csize,
                                             float* sm, float* vsum) {
-  constexpr int kLd = kLdOf<kMma>, kStageFloats = kStageFloatsOf<kMma>;
   namespace cg = cooperative_groups;
   const int t = threadIdx.x, tx = t % 16, ty = t / 16;
   const int tm = tile / p.tiles_n, tn = tile % p.tiles_n;
@@ -253,47 +211,18 @@ __device__ __forceinline__ void sgemm_block(const SgemmArgs& p, int tile, int sp
   load(kb);  // every split has kb < ke
   store(0);
   __syncthreads();
-  // Tensor-core loop: warp w takes rows wm .. wm + 31 and columns wn .. wn + 15 of the tile
-  // (two m16 by two n8 fragments; acc[2 * mt + nt] holds fragment (mt, nt)).
-  const int lane = t % 32, g = lane / 4, q = lane % 4, wm = (t / 32) / 4 * 32, wn = (t / 32) % 4 * 16;
   for (int k0 = kb; k0 < ke; k0 += kStep) {
     const bool more = k0 + kStep < ke;
     if (more) load(k0 + kStep);
-    if constexpr (kMma) {
-#pragma unroll 1
-      for (int k8 = 0; k8 < kStep; k8 += 8) {
-        // B's two fragments split first, then each of A's, used as soon as it is split (fewer
-        // live registers: two blocks an SM).
-        uint32_t bb[2][2], bsm[2][2];
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
+    for (int kk = 0; kk < kStep; ++kk) {
+      const float4 av = *reinterpret_cast<const float4*>(&as(buf, kk, ty * 4));
+      const float4 bv = *reinterpret_cast<const float4*>(&bs(buf, kk, tx * 4));
+      const float a4[4] = {av.x, av.y, av.z, av.w}, b4[4] = {bv.x, bv.y, bv.z, bv.w};
 #pragma unroll
-          for (int r = 0; r < 2; ++r) split_tf32(bs(buf, k8 + q + 4 * r, wn + nt * 8 + g), bb[nt][r], bsm[nt][r]);
+      for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          uint32_t ab[4], asm_[4];
-#pragma unroll
-          for (int r = 0; r < 4; ++r)
-            split_tf32(as(buf, k8 + q + 4 * (r / 2), wm + mt * 16 + g + 8 * (r % 2)), ab[r], asm_[r]);
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            mma_tf32(acc[2 * mt + nt], asm_, bb[nt]);
-            mma_tf32(acc[2 * mt + nt], ab, bsm[nt]);
-            mma_tf32(acc[2 * mt + nt], ab, bb[nt]);
-          }
-        }
-      }
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < kStep; ++kk) {
-        const float4 av = *reinterpret_cast<const float4*>(&as(buf, kk, ty * 4));
-        const float4 bv = *reinterpret_cast<const float4*>(&bs(buf, kk, tx * 4));
-        const float a4[4] = {av.x, av.y, av.z, av.w}, b4[4] = {bv.x, bv.y, bv.z, bv.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a4[i], b4[j], acc[i][j]);
-      }
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a4[i], b4[j], acc[i][j]);
     }
     if (row_lane || col_lane) {
       for (int kk = 0; kk < kStep; ++kk)
@@ -303,29 +232,6 @@ __device__ __forceinline__ void sgemm_block(const SgemmArgs& p, int tile, int sp
     if (more) store(buf ^ 1);
     __syncthreads();
     buf ^= 1;
-  }
-
-  if constexpr (kMma) {
-    // The fragments into the partial tile's place ([kTile][kTile] row-major over the staging
-    // buffers, free after the loop's last barrier), then, unsplit, back as this thread's 4 x 4
-    // quads of the FFMA layout for the shared epilogue below.
-#pragma unroll
-    for (int f = 0; f < 4; ++f) {
-      const int row = wm + (f / 2) * 16 + g, col = wn + (f % 2) * 8 + 2 * q;
-      *reinterpret_cast<float2*>(&sm[row * kTile + col]) = make_float2(acc[f][0], acc[f][1]);
-      *reinterpret_cast<float2*>(&sm[(row + 8) * kTile + col]) = make_float2(acc[f][2], acc[f][3]);
-    }
-    if (splits == 1) {
-      __syncthreads();
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float4 v = *reinterpret_cast<const float4*>(&sm[(ty * 4 + i) * kTile + tx * 4]);
-        acc[i][0] = v.x;
-        acc[i][1] = v.y;
-        acc[i][2] = v.z;
-        acc[i][3] = v.w;
-      }
-    }
   }
 
   auto write_v = [&](int e, float s) {
@@ -357,12 +263,10 @@ __device__ __forceinline__ void sgemm_block(const SgemmArgs& p, int tile, int sp
   const bool sums = (p.epi == kRowSumsA && tn == 0) || (p.epi == kColSumsB && tm == 0);
   cg::cluster_group cluster = cg::this_cluster();
   if (splits > 1) {
-    if constexpr (!kMma) {  // the tensor-core loop's fragments are there already
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        *reinterpret_cast<float4*>(&sm[(ty * 4 + i) * kTile + tx * 4]) =
-            make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
-    }
+    for (int i = 0; i < 4; ++i)
+      *reinterpret_cast<float4*>(&sm[(ty * 4 + i) * kTile + tx * 4]) =
+          make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
     if (row_lane || col_lane)
       for (int i = 0; i < 4; ++i) vsum[(row_lane ? ty : tx) * 4 + i] = vs[i];
   }
@@ -424,24 +328,13 @@ __device__ __forceinline__ void idle_block() {
   cluster_wait();
 }
 
-template <bool TA, bool TB, bool kMma>
-__device__ __forceinline__ void single_problem(const SgemmArgs& p) {
-  __shared__ __align__(16) float sm[4 * kStageFloatsOf<kMma>];
-  __shared__ float vsum[kTile];
-  static_assert(4 * kStageFloatsOf<kMma> >= kTile * kTile, "the partial tile reuses the staging buffers");
-  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
-  sgemm_block<TA, TB, kMma>(p, blockIdx.x, blockIdx.y, gridDim.y, 0, gridDim.y, sm, vsum);
-}
-// The kernels of each K loop. The tensor-core ones are held to two blocks an SM (the plans count
-// on it; they would take more registers); the FFMA ones take ~90 without a bound (a stated
-// minimum of one block raised them to ~140).
 template <bool TA, bool TB>
 __global__ void __launch_bounds__(kThreads) small_sgemm_kernel(SgemmArgs p) {
-  single_problem<TA, TB, false>(p);
-}
-template <bool TA, bool TB>
-__global__ void __launch_bounds__(kThreads, 2) small_sgemm_tc_kernel(SgemmArgs p) {
-  single_problem<TA, TB, true>(p);
+  __shared__ __align__(16) float sm[4 * kStageFloats];
+  __shared__ float vsum[kTile];
+  static_assert(4 * kStageFloats >= kTile * kTile, "the partial tile reuses the staging buffers");
+  wait_prior_grids();  // launched dependent (dependent_launch.cuh)
+  sgemm_block<TA, TB>(p, blockIdx.x, blockIdx.y, gridDim.y, 0, gridDim.y, sm, vsum);
 }
 
 // Independent problems in one launch (a linear's input and weight gradients): blockIdx.x runs
@@ -459,9 +352,8 @@ struct GroupArgs {
   int count;
 };
 
-template <bool kMma>
-__device__ __forceinline__ void group_problems(const GroupArgs& g) {
-  __shared__ __align__(16) float sm[4 * kStageFloatsOf<kMma>];
+__global__ void __launch_bounds__(kThreads) small_sgemm_group_kernel(GroupArgs g) {
+  __shared__ __align__(16) float sm[4 * kStageFloats];
   __shared__ float vsum[kTile];
   wait_prior_grids();
   // This block's problem, selected with constant indices (a dynamic index into the parameters
@@ -487,39 +379,23 @@ __device__ __forceinline__ void group_problems(const GroupArgs& g) {
   }
   const int split = rank % splits, base = sub * splits;
   switch (trans) {
-    case 0: sgemm_block<false, false, kMma>(p, tile, split, splits, base, csize, sm, vsum); break;
-    case 1: sgemm_block<false, true, kMma>(p, tile, split, splits, base, csize, sm, vsum); break;
-    case 2: sgemm_block<true, false, kMma>(p, tile, split, splits, base, csize, sm, vsum); break;
-    default: sgemm_block<true, true, kMma>(p, tile, split, splits, base, csize, sm, vsum); break;
+    case 0: sgemm_block<false, false>(p, tile, split, splits, base, csize, sm, vsum); break;
+    case 1: sgemm_block<false, true>(p, tile, split, splits, base, csize, sm, vsum); break;
+    case 2: sgemm_block<true, false>(p, tile, split, splits, base, csize, sm, vsum); break;
+    default: sgemm_block<true, true>(p, tile, split, splits, base, csize, sm, vsum); break;
   }
-}
-__global__ void __launch_bounds__(kThreads) small_sgemm_group_kernel(GroupArgs g) { group_problems<false>(g); }
-__global__ void __launch_bounds__(kThreads, 2) small_sgemm_group_tc_kernel(GroupArgs g) { group_problems<true>(g); }
-
-// Which K loop a device's launches take: tensor cores (3xTF32; set_small_sgemm_tensor_cores(true)
-// on sm_80 and later) or FFMA (the default until measured, and older GPUs).
-std::atomic<bool> g_tensor_cores{false};
-bool tensor_cores(int device) {
-  return g_tensor_cores.load(std::memory_order_relaxed) && compute_major(device) >= 8;
 }
 
 using Kernel = void (*)(SgemmArgs);
-Kernel kernel_of(bool ta, bool tb, int device) {
-  if (tensor_cores(device))
-    return ta ? (tb ? small_sgemm_tc_kernel<true, true> : small_sgemm_tc_kernel<true, false>)
-              : (tb ? small_sgemm_tc_kernel<false, true> : small_sgemm_tc_kernel<false, false>);
+Kernel kernel_of(bool ta, bool tb) {
   return ta ? (tb ? small_sgemm_kernel<true, true> : small_sgemm_kernel<true, false>)
             : (tb ? small_sgemm_kernel<false, true> : small_sgemm_kernel<false, false>);
 }
-using GroupKernel = void (*)(GroupArgs);
-GroupKernel group_kernel(int device) {
-  return tensor_cores(device) ? small_sgemm_group_tc_kernel : small_sgemm_group_kernel;
-}
-// Cache key and occupancy queries of a launch: one of the single-problem kernels, or the group
-// kernel (ta, tb ignored), of the K loop the device takes.
-const void* func_of(bool group, bool ta, bool tb, int device) {
-  return group ? reinterpret_cast<const void*>(group_kernel(device))
-               : reinterpret_cast<const void*>(kernel_of(ta, tb, device));
+// Cache key and occupancy queries of a launch: one of the four single-problem kernels, or the
+// group kernel (ta, tb ignored).
+const void* func_of(bool group, bool ta, bool tb) {
+  return group ? reinterpret_cast<const void*>(small_sgemm_group_kernel)
+               : reinterpret_cast<const void*>(kernel_of(ta, tb));
 }
 
 // How many clusters of `size` blocks (along y) of kernel k the device holds at once (0: none, or
@@ -610,10 +486,10 @@ Plan plan_of(const backend::GemmArgs& g, int device) {
   pl.tiles = tiles_m * pl.tiles_n;
   const int steps = static_cast<int>((g.k + kStep - 1) / kStep);
   int want =
-      std::clamp(std::min(2 * sm_count(device) / pl.tiles, steps / 2), 1, max_cluster(device, func_of(false, g.trans_a, g.trans_b, device)));
+      std::clamp(std::min(2 * sm_count(device) / pl.tiles, steps / 2), 1, max_cluster(device, func_of(false, g.trans_a, g.trans_b)));
   // Every tile's cluster resident at once: with 16 tiles in clusters of 13 or 16 the H100 / H200
   // held 14 (ncu, issue 15's MLP), and the last two ran as a second wave.
-  while (want > 1 && active_clusters(device, func_of(false, g.trans_a, g.trans_b, device), want) < pl.tiles) --want;
+  while (want > 1 && active_clusters(device, func_of(false, g.trans_a, g.trans_b), want) < pl.tiles) --want;
   pl.per_split = (steps + want - 1) / want;
   // Past kMaxStepsPerSplit a block's K loop is long enough for cuBLAS's larger tiles to win
   // (this kernel issues at ~0.35 instructions a cycle per scheduler: it is for latency-bound
@@ -664,7 +540,7 @@ bool group_plan(const backend::GemmArgs* gs, int count, int device, GroupArgs& g
     if (pl[i].splits == 0) return false;
     steps[i] = static_cast<int>((gs[i].k + kStep - 1) / kStep);
   }
-  const void* k = func_of(true, false, false, device);
+  const void* k = func_of(true, false, false);
   const int cmax = max_cluster(device, k);
   int best_steps = INT_MAX, best_blocks = INT_MAX, best_c = 0, best_target = 0;
   for (int c = 1; c <= cmax; ++c) {
@@ -727,7 +603,7 @@ void small_sgemm(const backend::GemmArgs& g, int device, cudaStream_t stream) {
   shape.stream = stream;
   shape.device = device;
   shape.cluster = dim3(1, static_cast<unsigned>(pl.splits), 1);
-  launch_dependent(kernel_of(g.trans_a, g.trans_b, device), shape, p);
+  launch_dependent(kernel_of(g.trans_a, g.trans_b), shape, p);
 }
 
 bool small_sgemm_group_fits(const backend::GemmArgs* gs, int count) {
@@ -747,12 +623,7 @@ void small_sgemm_group(const backend::GemmArgs* gs, int count, int device, cudaS
   shape.stream = stream;
   shape.device = device;
   shape.cluster = dim3(1, static_cast<unsigned>(csize), 1);
-  launch_dependent(group_kernel(device), shape, ga);
+  launch_dependent(small_sgemm_group_kernel, shape, ga);
 }
 
 }  // namespace tg::cuda::kern
-
-namespace tg::cuda::detail {
-void set_small_sgemm_tensor_cores(bool on) { kern::g_tensor_cores.store(on, std::memory_order_relaxed); }
-bool small_sgemm_tensor_cores() { return kern::g_tensor_cores.load(std::memory_order_relaxed); }
-}  // namespace tg::cuda::detail
