@@ -37,6 +37,10 @@ struct StepFunctor {
     const int tensor = meta.block_to_tensor[blockIdx.x];
     // This step's count: the stored one (advanced only after every block has read it) plus one.
     const float step = kCounted ? *static_cast<const float*>(meta.aux[tensor]) + 1.f : 1.f;
+    // The block's only read of a count is above: it arrives at the done counter now, so the
+    // counter's atomic and the last block's count updates overlap the chunk's loads instead of
+    // following them.
+    if constexpr (kCounted) mt::advance_counts_when_done(meta, done);
     const auto c = Rule::template coeffs<M>(h, step);
     const bool scaled = grad_scale != nullptr;
     const M scale = scaled ? static_cast<M>(*grad_scale) : M(1);
@@ -44,7 +48,6 @@ struct StepFunctor {
       const M g = scaled ? e[1] / scale : e[1];
       Rule::template update<K>(e[0], g, e + 2, c);
     });
-    if constexpr (kCounted) mt::advance_counts_when_done(meta, done);
   }
 };
 

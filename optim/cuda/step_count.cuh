@@ -1,6 +1,6 @@
 // What a fused CUDA step keeps between steps: its multi-tensor plans (one per list
 // depth, rebuilt only when a pointer changes) and the device done-counter its
-// launches use to advance the per-parameter step counts in their own epilogue
+// launches use to advance the per-parameter step counts in the same launch
 // (mt::advance_counts_when_done): a step is one launch per plan launch, with no
 // separate launch for the counts. Also the dispatch over the dtype of the
 // low-precision shadow copies a step may write (core/cast_copies.h).
