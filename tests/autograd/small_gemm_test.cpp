@@ -29,6 +29,13 @@ namespace {
 #define TG_SKIP_WITHOUT_GPU() \
   if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
 
+// float32 without TF32 for a test's scope (restored even when an ASSERT leaves early).
+struct NoTf32 {
+  bool was = tg::allow_tf32();
+  NoTf32() { tg::set_allow_tf32(false); }
+  ~NoTf32() { tg::set_allow_tf32(was); }
+};
+
 struct Shape3 {
   int64_t m, n, k;
 };
@@ -101,8 +108,7 @@ bool same_bits(const Tensor& x, const Tensor& y) {
 
 TEST(SmallSgemm, MatmulMatchesFloat64InEveryLayout) {
   TG_SKIP_WITHOUT_GPU();
-  const bool tf32 = tg::allow_tf32();
-  tg::set_allow_tf32(false);
+  NoTf32 no_tf32;
   for (const Shape3& s : shapes())
     for (int la = 0; la < 3; ++la)
       for (int lb = 0; lb < 3; ++lb) {
@@ -118,7 +124,6 @@ TEST(SmallSgemm, MatmulMatchesFloat64InEveryLayout) {
         cuda::detail::set_small_sgemm(true);
         EXPECT_TRUE(matches_reference(lib, a, b, 2e-6)) << "cuBLAS";
       }
-  tg::set_allow_tf32(tf32);
 }
 
 // linear forward (bias fused) and backward (weight gradient with the bias gradient fused: A's
@@ -195,8 +200,7 @@ TEST(SmallSgemm, GraphReplaysGiveTheEagerBits) {
 // element is the exact sum.
 TEST(SmallSgemm, NonFiniteOperandsStayNonFiniteInTheirRowAndColumnOnly) {
   TG_SKIP_WITHOUT_GPU();
-  const bool tf32 = tg::allow_tf32();
-  tg::set_allow_tf32(false);
+  NoTf32 no_tf32;
   std::vector<float> ha(128 * 784, 0.5f), hb(784 * 512, 0.25f);
   ha[3 * 784 + 100] = INFINITY;  // row 3 of A
   hb[200 * 512 + 7] = NAN;       // column 7 of B
@@ -214,7 +218,6 @@ TEST(SmallSgemm, NonFiniteOperandsStayNonFiniteInTheirRowAndColumnOnly) {
         ASSERT_EQ(v, 784 * 0.125) << i << ", " << j;
       }
     }
-  tg::set_allow_tf32(tf32);
 }
 
 // ---- independent gemms in one launch (blas.cpp join_deferred_gemm, small_gemm.cu's group kernel)

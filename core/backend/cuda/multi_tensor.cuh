@@ -376,10 +376,11 @@ __device__ __forceinline__ void chunk_foreach(const TensorListMeta<Depth>& meta,
 // The count advance of a launch whose blocks read per-tensor float counts through aux:
 // call it from every thread of every block after the block's last read of a count, as
 // early as that (the fused optimizer steps call it before their chunk's loads, so the
-// atomic and the last block's updates overlap the data work). The last block to get here adds 1 to the count of every slot whose final chunk is
-// in this launch and re-arms `done` (a zero device counter owned by the caller, one
-// per stream of launches: launches on one stream never overlap). Every block of a
-// launch must call it, or none (e.g. all of them return early on found_inf).
+// atomic and the last block's updates overlap the data work). The last block to get here
+// adds 1 to the count of every slot whose final chunk is in this launch and re-arms `done`
+// (a zero device counter owned by the caller, one per stream of launches: launches on one
+// stream never overlap). Every block of a launch must call it, or none (e.g. all of them
+// return early on found_inf).
 template <int Depth>
 __device__ __forceinline__ void advance_counts_when_done(const TensorListMeta<Depth>& meta, unsigned int* done) {
   __syncthreads();  // every thread of this block is past its reads
