@@ -18,9 +18,16 @@ int sm_count(int device) {
   static std::vector<int> counts;
   std::call_once(once, [] {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      (void)cudaGetLastError();
+      n = 0;
+    }
     counts.assign(static_cast<size_t>(std::max(n, 1)), 132);
-    for (int d = 0; d < n; ++d) cudaDeviceGetAttribute(&counts[d], cudaDevAttrMultiProcessorCount, d);
+    for (int d = 0; d < n; ++d)
+      if (cudaDeviceGetAttribute(&counts[d], cudaDevAttrMultiProcessorCount, d) != cudaSuccess) {
+        (void)cudaGetLastError();  // this query's own error, not a later launch's: the default stays
+        counts[d] = 132;
+      }
   });
   return device >= 0 && device < static_cast<int>(counts.size()) ? counts[device] : 132;
 }
