@@ -2,7 +2,8 @@
 // issue's two shapes, against compare_torch.py's torch.nn.functional.scaled_dot_product_attention
 // rows. Device time with CUDA events around one call; the median of --reps repeats after --warmup.
 // FLOPs as PyTorch's figures in the issue: forward 4 B H T^2 D, halved when causal; forward +
-// backward 3.5x the forward. Each shape gives an ms row and a TFLOP/s row.
+// backward 3.5x the forward. Each shape gives an ms row and a TFLOP/s row; forward + backward also
+// once with use_deterministic_algorithms(false) (`_fwd_bwd_atomic_dq`: PyTorch's default algorithm class).
 //
 //   tg_bench_attention [--reps N] [--warmup N] [--only SUBSTRING] [--cudnn-benchmark]
 // --cudnn-benchmark: cuDNN's candidate engines timed at each graph's first call (backends::cudnn).
@@ -56,16 +57,26 @@ void sdpa_causal(const Options& o, int64_t B, int64_t H, int64_t T, int64_t D) {
     const double ms = time_ms(o, [&] { F::scaled_dot_product_attention(q, k, v, {.is_causal = true}); });
     rows(base + "_fwd", ms, fwd_flops);
   }
-  if (o.wants(base + "_fwd_bwd")) {
+  auto fwd_bwd_ms = [&] {
     tg::Tensor qg = q.detach().requires_grad_(true), kg = k.detach().requires_grad_(true),
                vg = v.detach().requires_grad_(true);
-    const double ms = time_ms(o, [&] {
+    return time_ms(o, [&] {
       qg.mutable_grad() = tg::Tensor();
       kg.mutable_grad() = tg::Tensor();
       vg.mutable_grad() = tg::Tensor();
       F::scaled_dot_product_attention(qg, kg, vg, {.is_causal = true}).backward(g);
     });
-    rows(base + "_fwd_bwd", ms, 3.5 * fwd_flops);
+  };
+  // tapegrad's default: cuDNN's deterministic backward (use_deterministic_algorithms is true).
+  if (o.wants(base + "_fwd_bwd")) rows(base + "_fwd_bwd", fwd_bwd_ms(), 3.5 * fwd_flops);
+  // use_deterministic_algorithms(false): cuDNN's atomic dQ accumulation, the algorithm class of
+  // PyTorch's default flash backward, so this row compares like with like.
+  if (o.wants(base + "_fwd_bwd_atomic_dq")) {
+    const bool det = tg::are_deterministic_algorithms_enabled();
+    tg::use_deterministic_algorithms(false);
+    const double ms = fwd_bwd_ms();
+    tg::use_deterministic_algorithms(det);
+    rows(base + "_fwd_bwd_atomic_dq", ms, 3.5 * fwd_flops);
   }
 }
 
