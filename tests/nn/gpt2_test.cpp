@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <numbers>
 #include <string>
 #include <vector>
@@ -472,6 +473,65 @@ TEST_F(Gpt2Test, ResumeGivesTheLossesOfAStraightRun) {
   o.model.n_embd = 32;
   const std::string e = error_of([&] { gpt2::train(o); });
   EXPECT_NE(e.find("holds a model with n_embd = 16, this run's is 32"), std::string::npos) << e;
+}
+
+// tg_bench_gpt2's _graph order: eager steps on the legacy default stream, two on a side stream,
+// then one capture of the step (bf16 autocast, clip, AdamW) replayed. It must replay as eager
+// steps run, bit for bit and finite. (A branch's 124M replays went NaN on an H100 in that order,
+// 2026-12-07, while a capture after side-stream steps only replayed correctly.)
+TEST(Gpt2Cuda, CapturedStepAfterDefaultStreamStepsReplaysLikeEagerSteps) {
+  if (!tg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const gpt2::Config c{.n_layer = 2, .n_head = 12, .n_embd = 768, .block_size = 256, .vocab_size = 50304};
+  const int64_t B = 8, T = 256;
+  const tg::Device dev(tg::kCUDA);
+  auto make = [&] {
+    tg::manual_seed(7);
+    auto m = std::make_shared<gpt2::GPT>(c);
+    m->to(dev);
+    return m;
+  };
+  auto eager = make(), graphed = make();
+  tg::optim::AdamW opt_e = gpt2::make_optimizer(*eager, 6e-4, 0.1), opt_g = gpt2::make_optimizer(*graphed, 6e-4, 0.1);
+  const std::vector<Tensor> pe = eager->parameters(), pg = graphed->parameters();
+  tg::manual_seed(8);
+  const Tensor rows = (tg::rand({B, T + 1}, dev) * 50304.0).to(tg::kInt64).clamp(0, 50303);
+  const Tensor x = rows.slice(1, 0, T).contiguous(), y = rows.slice(1, 1, T + 1).contiguous();
+  Tensor loss_e, loss_g;
+  auto step = [&](gpt2::GPT& m, tg::optim::AdamW& opt, const std::vector<Tensor>& ps, Tensor& out) {
+    opt.zero_grad();
+    Tensor loss;
+    {
+      tg::amp::autocast guard(tg::kCUDA, tg::kBFloat16, true);
+      loss = gpt2::loss_fn(m(x), y);
+    }
+    loss.backward();
+    tg::nn::utils::clip_grad_norm_(ps, 1.0);
+    opt.step();
+    out = loss.detach();
+  };
+  constexpr int kDefault = 6, kSide = 2, kReplays = 10;
+  for (int i = 0; i < kDefault; ++i) step(*graphed, opt_g, pg, loss_g);
+  tg::cuda::synchronize();
+  {
+    tg::cuda::Stream side;
+    tg::cuda::StreamGuard guard(side);
+    for (int i = 0; i < kSide; ++i) step(*graphed, opt_g, pg, loss_g);
+    tg::cuda::Graph graph;
+    ASSERT_NO_THROW(graph.capture([&] { step(*graphed, opt_g, pg, loss_g); }));
+    for (int i = 0; i < kReplays; ++i) graph.replay();
+    side.synchronize();
+  }
+  for (int i = 0; i < kDefault + kSide + kReplays; ++i) step(*eager, opt_e, pe, loss_e);
+  tg::cuda::synchronize();
+  const float le = loss_e.item<float>(), lg = loss_g.item<float>();
+  ASSERT_TRUE(std::isfinite(le)) << "the eager steps diverged";
+  EXPECT_TRUE(std::isfinite(lg)) << "the replayed step went non-finite";
+  EXPECT_EQ(lg, le);
+  ASSERT_EQ(pe.size(), pg.size());
+  for (size_t i = 0; i < pe.size(); ++i) {
+    const float d = (pg[i] - pe[i]).abs().max().item<float>();
+    EXPECT_EQ(d, 0.0f) << "parameter " << i;
+  }
 }
 
 }  // namespace
